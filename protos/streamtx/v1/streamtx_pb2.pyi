@@ -1,0 +1,222 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
+    COMMITTED: _ClassVar[Outcome]
+    DUPLICATE: _ClassVar[Outcome]
+    REJECTED: _ClassVar[Outcome]
+OUTCOME_UNSPECIFIED: Outcome
+COMMITTED: Outcome
+DUPLICATE: Outcome
+REJECTED: Outcome
+
+class Value(_message.Message):
+    __slots__ = ("int_value", "double_value", "string_value", "bool_value", "bytes_value")
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_VALUE_FIELD_NUMBER: _ClassVar[int]
+    int_value: int
+    double_value: float
+    string_value: str
+    bool_value: bool
+    bytes_value: bytes
+    def __init__(self, int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., string_value: _Optional[str] = ..., bool_value: _Optional[bool] = ..., bytes_value: _Optional[bytes] = ...) -> None: ...
+
+class Row(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Rows(_message.Message):
+    __slots__ = ("columns", "rows")
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    columns: _containers.RepeatedScalarFieldContainer[str]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    def __init__(self, columns: _Optional[_Iterable[str]] = ..., rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ...) -> None: ...
+
+class RowData(_message.Message):
+    __slots__ = ("arrow_ipc", "rows")
+    ARROW_IPC_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    arrow_ipc: bytes
+    rows: Rows
+    def __init__(self, arrow_ipc: _Optional[bytes] = ..., rows: _Optional[_Union[Rows, _Mapping]] = ...) -> None: ...
+
+class DeployRequest(_message.Message):
+    __slots__ = ("sql",)
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    def __init__(self, sql: _Optional[str] = ...) -> None: ...
+
+class CatalogObject(_message.Message):
+    __slots__ = ("kind", "name")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
+
+class DeployResponse(_message.Message):
+    __slots__ = ("created", "dropped")
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    created: _containers.RepeatedCompositeFieldContainer[CatalogObject]
+    dropped: _containers.RepeatedCompositeFieldContainer[CatalogObject]
+    def __init__(self, created: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ..., dropped: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("stream", "producer_id", "batch_id", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    producer_id: str
+    batch_id: int
+    data: RowData
+    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("stream", "producer_id", "batch_id", "outcome", "timestamp", "code", "reason", "original", "rows")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ORIGINAL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    producer_id: str
+    batch_id: int
+    outcome: Outcome
+    timestamp: int
+    code: int
+    reason: str
+    original: Outcome
+    rows: int
+    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., original: _Optional[_Union[Outcome, str]] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class CallRequest(_message.Message):
+    __slots__ = ("procedure", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    PROCEDURE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    procedure: str
+    params: _containers.MessageMap[str, Value]
+    def __init__(self, procedure: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class CallResponse(_message.Message):
+    __slots__ = ("timestamp", "results")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    results: _containers.RepeatedCompositeFieldContainer[RowData]
+    def __init__(self, timestamp: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RowData, _Mapping]]] = ...) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("sql", "params")
+    class ParamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_FIELD_NUMBER: _ClassVar[int]
+    sql: str
+    params: _containers.MessageMap[str, Value]
+    def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("result",)
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    result: RowData
+    def __init__(self, result: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("stream", "from_batch")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    from_batch: int
+    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ...) -> None: ...
+
+class StreamBatch(_message.Message):
+    __slots__ = ("stream", "batch_id", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    batch_id: int
+    data: RowData
+    def __init__(self, stream: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartitionStatus(_message.Message):
+    __slots__ = ("id", "pid", "alive", "queued", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    ALIVE_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    pid: int
+    alive: bool
+    queued: int
+    error: str
+    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., alive: _Optional[bool] = ..., queued: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp")
+    class CountersEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    PROCEDURES_FIELD_NUMBER: _ClassVar[int]
+    TRIGGERS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    executor: str
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
+    tables: _containers.RepeatedScalarFieldContainer[str]
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    windows: _containers.RepeatedScalarFieldContainer[str]
+    procedures: _containers.RepeatedScalarFieldContainer[str]
+    triggers: _containers.RepeatedScalarFieldContainer[str]
+    counters: _containers.ScalarMap[str, int]
+    last_timestamp: int
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,697 @@
+"""The catalog: tables, streams, windows, procedures, triggers, groups.
+
+A `Catalog` is a value: `deploy` returns a new, fully validated catalog or
+raises InvalidArgument and leaves the old one as it was, which is what makes a
+deploy all-or-nothing. Validation is done by DuckDB's own binder on a scratch
+in-memory database holding the new schema (empty), after the SQL has been
+compiled (catalog/compile.py). The front and every partition hold the same
+catalog; it is persisted as JSON in the data directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from streamtx.server.catalog import ddl
+from streamtx.server.catalog.compile import (
+    BATCH_PARAM,
+    STREAM_SCHEMA,
+    SYSTEM_SCHEMA,
+    WINDOW_SCHEMA,
+    Compiled,
+    Scope,
+    batch_relation,
+    compile_statement,
+    quote,
+)
+
+from streamtx.errors import InvalidArgument
+
+KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
+
+
+@dataclass
+class TableDef:
+    name: str
+    sql: str
+    partition_by: str | None = None
+
+
+@dataclass
+class StreamDef:
+    name: str
+    columns: list[tuple[str, str]]
+    partition_by: str | None = None
+
+
+@dataclass
+class WindowDef:
+    name: str
+    stream: str
+    kind: str  # rows | range
+    size: int
+    slide: int
+
+
+@dataclass
+class ProcedureDef:
+    name: str
+    params: list[tuple[str, str]] = field(default_factory=list)
+    on_stream: str | None = None
+    partition_on: str | None = None
+    body: list[str] = field(default_factory=list)
+    body_lines: list[int] = field(default_factory=list)
+    python: str | None = None
+
+
+@dataclass
+class TriggerDef:
+    name: str
+    target_kind: str  # stream | window
+    target: str
+    body: list[str]
+    body_lines: list[int]
+
+
+@dataclass
+class IndexDef:
+    name: str
+    sql: str
+
+
+@dataclass
+class GroupDef:
+    name: str
+    procedures: list[str]
+
+
+@dataclass
+class Plan:
+    """What a partition runs for one procedure or trigger: compiled statements."""
+
+    statements: list[Compiled]
+    emits: frozenset[str]
+
+
+PythonResolver = Callable[[str], Any]
+"""Maps 'module:function' to a loaded Python procedure (see server/pyproc.py)."""
+
+
+class Catalog:
+    """Definitions plus what is derived from them (plans, graph, schemas)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, TableDef] = {}
+        self.streams: dict[str, StreamDef] = {}
+        self.windows: dict[str, WindowDef] = {}
+        self.procedures: dict[str, ProcedureDef] = {}
+        self.triggers: dict[str, TriggerDef] = {}
+        self.indexes: dict[str, IndexDef] = {}
+        self.groups: dict[str, GroupDef] = {}
+        self.version = 0
+        # derived by analyze()
+        self.plans: dict[str, Plan] = {}
+        self.trigger_plans: dict[str, Plan] = {}
+        self.consumers: dict[str, list[str]] = {}
+        self.producers_of: dict[str, list[str]] = {}
+        self.window_owner: dict[str, str] = {}
+        self.topo_rank: dict[str, int] = {}
+        self.stream_schemas: dict[str, pa.Schema] = {}
+        self.table_columns: dict[str, list[str]] = {}
+
+    # ---------------------------------------------------------------- persistence
+    def to_json(self) -> str:
+        data = {kind: {n: asdict(d) for n, d in self._objects(kind).items()} for kind in KINDS}
+        data["version"] = self.version
+        return json.dumps(data, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, resolve_python: PythonResolver | None = None) -> Catalog:
+        data = json.loads(text)
+        cat = cls()
+        cat.version = data.get("version", 0)
+        builders = {
+            "table": TableDef,
+            "stream": StreamDef,
+            "window": WindowDef,
+            "procedure": ProcedureDef,
+            "trigger": TriggerDef,
+            "index": IndexDef,
+            "group": GroupDef,
+        }
+        for kind, build in builders.items():
+            objects = cat._objects(kind)
+            for name, d in data.get(kind, {}).items():
+                if kind == "stream":
+                    d["columns"] = [tuple(c) for c in d["columns"]]
+                if kind == "procedure":
+                    d["params"] = [tuple(p) for p in d["params"]]
+                objects[name] = build(**d)
+        cat.analyze(resolve_python)
+        return cat
+
+    def save(self, path: Path) -> None:
+        """Writes the catalog atomically (temp file, fsync, rename)."""
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(self.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def load(cls, path: Path, resolve_python: PythonResolver | None = None) -> Catalog:
+        if not path.exists():
+            return cls()
+        return cls.from_json(path.read_text(), resolve_python)
+
+    def _clone(self) -> Catalog:
+        data = json.loads(self.to_json())
+        cat = Catalog()
+        cat.version = self.version
+        for kind in KINDS:
+            src = self._objects(kind)
+            dst = cat._objects(kind)
+            for name in data.get(kind, {}):
+                dst[name] = _copy_def(src[name])
+        return cat
+
+    def _objects(self, kind: str) -> dict[str, Any]:
+        return {
+            "table": self.tables,
+            "stream": self.streams,
+            "window": self.windows,
+            "procedure": self.procedures,
+            "trigger": self.triggers,
+            "index": self.indexes,
+            "group": self.groups,
+        }[kind]
+
+    def kind_of(self, name: str) -> str | None:
+        for kind in KINDS:
+            if name in self._objects(kind):
+                return kind
+        return None
+
+    # -------------------------------------------------------------------- deploy
+    def deploy(
+        self, script: str, resolve_python: PythonResolver | None = None
+    ) -> tuple[Catalog, list[tuple[str, str]], list[tuple[str, str]], list[str]]:
+        """Applies a deploy script to a copy of this catalog.
+
+        Returns (new catalog, created, dropped, physical DDL for partitions).
+        Raises InvalidArgument, naming the statement, if anything is wrong; then
+        nothing changes anywhere.
+        """
+        try:
+            statements = ddl.parse_script(script)
+        except ddl.DdlError as e:
+            raise InvalidArgument(f"deploy: {e}") from None
+        if not statements:
+            raise InvalidArgument("deploy: the script holds no statement")
+        new = self._clone()
+        created: list[tuple[str, str]] = []
+        dropped: list[tuple[str, str]] = []
+        for st in statements:
+            new._apply(st, created, dropped)
+        new.version = self.version + 1
+        new.analyze(resolve_python)
+        physical = physical_diff(self, new)
+        return new, created, dropped, physical
+
+    def _apply(self, st: ddl.Statement, created: list, dropped: list) -> None:
+        line = f"line {st.line}"
+        if isinstance(st, ddl.Drop):
+            objects = self._objects(st.kind)
+            if st.name not in objects:
+                if st.if_exists:
+                    return
+                raise InvalidArgument(f"deploy: {line}: DROP {st.kind.upper()} {st.name}: no such {st.kind}")
+            self._check_unused(st.kind, st.name, line)
+            del objects[st.name]
+            dropped.append((st.kind, st.name))
+            return
+        kind, obj, replace, if_not_exists = _definition(st)
+        existing = self.kind_of(obj.name)
+        if existing is not None:
+            if if_not_exists and existing == kind:
+                return
+            if not (replace and existing == kind):
+                raise InvalidArgument(
+                    f"deploy: {line}: CREATE {kind.upper()} {obj.name}: a {existing} named "
+                    f"{obj.name!r} already exists"
+                )
+        self._objects(kind)[obj.name] = obj
+        created.append((kind, obj.name))
+
+    def _check_unused(self, kind: str, name: str, line: str) -> None:
+        users: list[str] = []
+        if kind == "stream":
+            users += [f"procedure {p.name}" for p in self.procedures.values() if p.on_stream == name]
+            users += [f"window {w.name}" for w in self.windows.values() if w.stream == name]
+            users += [f"trigger {t.name}" for t in self.triggers.values() if t.target == name]
+        elif kind == "window":
+            users += [f"trigger {t.name}" for t in self.triggers.values() if t.target == name]
+        elif kind == "procedure":
+            users += [f"group {g.name}" for g in self.groups.values() if name in g.procedures]
+        if users:
+            raise InvalidArgument(
+                f"deploy: {line}: cannot drop {kind} {name!r}: used by {', '.join(users)}; drop those first"
+            )
+
+    # ------------------------------------------------------------------- analyze
+    def analyze(self, resolve_python: PythonResolver | None = None) -> None:
+        """Derives plans, the dataflow graph and schemas; validates everything."""
+        con = self.scratch_database()
+        try:
+            self._derive_schemas(con)
+            self._derive_windows()
+            self.plans = {}
+            self.trigger_plans = {}
+            for proc in self.procedures.values():
+                self.plans[proc.name] = self._plan_procedure(proc, con, resolve_python)
+            for trig in self.triggers.values():
+                self.trigger_plans[trig.name] = self._plan_trigger(trig, con)
+        finally:
+            con.close()
+        self._derive_graph()
+        for group in self.groups.values():
+            for p in group.procedures:
+                if p not in self.procedures:
+                    raise InvalidArgument(
+                        f"deploy: transaction group {group.name!r} names unknown procedure {p!r}"
+                    )
+
+    def scratch_database(self) -> duckdb.DuckDBPyConnection:
+        """An empty in-memory database with this catalog's physical schema."""
+        con = duckdb.connect(config={"enable_external_access": False})
+        for stmt in create_statements(self):
+            try:
+                con.execute(stmt.sql)
+            except duckdb.Error as e:
+                raise InvalidArgument(f"deploy: {stmt.what}: {_duck_message(e)}") from None
+        return con
+
+    def _derive_schemas(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.stream_schemas = {}
+        for name in self.streams:
+            cols = ", ".join(quote(c) for c, _ in self.streams[name].columns)
+            self.stream_schemas[name] = (
+                con.sql(f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(name)} LIMIT 0").to_arrow_table().schema
+            )
+        self.table_columns = {
+            name: [r[0] for r in con.execute(f"DESCRIBE {quote(name)}").fetchall()] for name in self.tables
+        }
+        for table in self.tables.values():
+            if table.partition_by and table.partition_by not in self.table_columns[table.name]:
+                raise InvalidArgument(
+                    f"deploy: table {table.name!r}: PARTITION BY column {table.partition_by!r} does not exist"
+                )
+        for stream in self.streams.values():
+            names = [c for c, _ in stream.columns]
+            if stream.partition_by and stream.partition_by not in names:
+                raise InvalidArgument(
+                    f"deploy: stream {stream.name!r}: PARTITION BY column "
+                    f"{stream.partition_by!r} does not exist"
+                )
+            if "batch_id" in names:
+                raise InvalidArgument(f"deploy: stream {stream.name!r}: column name 'batch_id' is reserved")
+
+    def _derive_windows(self) -> None:
+        for w in self.windows.values():
+            if w.stream not in self.streams:
+                raise InvalidArgument(f"deploy: window {w.name!r} is on unknown stream {w.stream!r}")
+            if w.kind == "range" and "ts" not in dict(self.streams[w.stream].columns):
+                raise InvalidArgument(
+                    f"deploy: window {w.name!r}: RANGE windows need a 'ts BIGINT' column on "
+                    f"stream {w.stream!r}"
+                )
+
+    def _scope(self, owner: str, input_stream: str | None, owned: set[str], params: set[str]) -> Scope:
+        return Scope(
+            owner=owner,
+            tables=frozenset(self.tables),
+            streams={n: tuple(c for c, _ in s.columns) for n, s in self.streams.items()},
+            windows={n: self.window_owner.get(n, "") for n in self.windows},
+            input_stream=input_stream,
+            owned_windows=frozenset(owned),
+            params=frozenset(params),
+        )
+
+    def _owned_windows(self, proc: ProcedureDef) -> set[str]:
+        owned = set()
+        for w in self.windows.values():
+            mentioned = any(_mentions(stmt, w.name) for stmt in proc.body)
+            if mentioned and proc.on_stream == w.stream:
+                owned.add(w.name)
+        return owned
+
+    def _plan_procedure(
+        self,
+        proc: ProcedureDef,
+        con: duckdb.DuckDBPyConnection,
+        resolve_python: PythonResolver | None,
+    ) -> Plan:
+        what = f"procedure {proc.name!r}"
+        if proc.on_stream is not None and proc.on_stream not in self.streams:
+            raise InvalidArgument(f"deploy: {what} is ON STREAM {proc.on_stream!r}, which does not exist")
+        if proc.on_stream is not None and proc.params:
+            raise InvalidArgument(
+                f"deploy: {what}: a procedure ON STREAM takes its input from the stream; it "
+                "cannot declare parameters"
+            )
+        names = [p for p, _ in proc.params]
+        if proc.partition_on is not None and proc.partition_on not in names:
+            raise InvalidArgument(
+                f"deploy: {what}: PARTITION ON {proc.partition_on!r} is not one of its parameters"
+            )
+        if proc.python is not None:
+            emits: frozenset[str] = frozenset()
+            if resolve_python is not None:
+                fn = resolve_python(proc.python)
+                emits = frozenset(getattr(fn, "emits", ()))
+                for s in emits:
+                    if s not in self.streams:
+                        raise InvalidArgument(f"deploy: {what} ({proc.python}) emits unknown stream {s!r}")
+            return Plan([], emits)
+        owned = self._owned_windows(proc)
+        for w in owned:
+            self.window_owner[w] = proc.name
+        scope = self._scope(f"procedure {proc.name}", proc.on_stream, owned, set(names))
+        statements = []
+        for sql, line in zip(proc.body, proc.body_lines or [0] * len(proc.body), strict=False):
+            compiled = compile_statement(sql, scope, line)
+            self._bind_check(
+                con, compiled, dict(proc.params), proc.on_stream, f"deploy: {what} (line {line})"
+            )
+            statements.append(compiled)
+        return Plan(statements, frozenset(s.emits for s in statements if s.emits))
+
+    def _plan_trigger(self, trig: TriggerDef, con: duckdb.DuckDBPyConnection) -> Plan:
+        what = f"trigger {trig.name!r}"
+        if trig.target_kind == "stream" and trig.target not in self.streams:
+            raise InvalidArgument(f"deploy: {what} is ON STREAM {trig.target!r}, which does not exist")
+        if trig.target_kind == "window" and trig.target not in self.windows:
+            raise InvalidArgument(f"deploy: {what} is ON WINDOW {trig.target!r}, which does not exist")
+        if trig.target_kind == "stream":
+            scope = self._scope(f"trigger {trig.name}", trig.target, set(), set())
+            stream = trig.target
+        else:
+            owner = self.window_owner.get(trig.target)
+            scope = self._scope(f"trigger {trig.name}", None, {trig.target}, set())
+            stream = None
+            if owner is None:
+                self.window_owner[trig.target] = ""
+        statements = []
+        for sql, line in zip(trig.body, trig.body_lines or [0] * len(trig.body), strict=False):
+            compiled = compile_statement(sql, scope, line)
+            self._bind_check(con, compiled, {}, stream, f"deploy: {what} (line {line})")
+            statements.append(compiled)
+        return Plan(statements, frozenset(s.emits for s in statements if s.emits))
+
+    def _bind_check(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        compiled: Compiled,
+        param_types: dict[str, str],
+        input_stream: str | None,
+        what: str,
+    ) -> None:
+        """Runs the statement on the empty scratch database, then rolls back.
+
+        DuckDB's binder reports unknown columns, type mismatches and functions
+        with the statement's own wording; executing on empty tables also
+        exercises casts without touching any data.
+        """
+        if input_stream is not None:
+            cols = ", ".join(quote(c) for c, _ in self.streams[input_stream].columns)
+            con.execute(
+                f"CREATE OR REPLACE TEMP VIEW {quote(batch_relation(input_stream))} AS "
+                f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(input_stream)} WHERE false"
+            )
+        params = {}
+        for p in compiled.params:
+            params[p] = 0 if p == BATCH_PARAM else None
+        sql = compiled.sql
+        for p in compiled.params:
+            if p in param_types:
+                sql = sql.replace(f"${p}", f"CAST(${p} AS {param_types[p]})")
+        con.execute("BEGIN")
+        try:
+            con.execute(sql, params)
+        except duckdb.Error as e:
+            raise InvalidArgument(f"{what}: {_duck_message(e)}: {compiled.source!r}") from None
+        finally:
+            con.execute("ROLLBACK")
+
+    def _derive_graph(self) -> None:
+        self.consumers = {s: [] for s in self.streams}
+        self.producers_of = {s: [] for s in self.streams}
+        edges: dict[str, set[str]] = {}
+        for proc in self.procedures.values():
+            node = f"procedure {proc.name}"
+            if proc.on_stream:
+                self.consumers[proc.on_stream].append(proc.name)
+                edges.setdefault(f"stream {proc.on_stream}", set()).add(node)
+            for s in sorted(self.plans[proc.name].emits):
+                self.producers_of[s].append(proc.name)
+                edges.setdefault(node, set()).add(f"stream {s}")
+        for trig in self.triggers.values():
+            src = f"stream {trig.target}" if trig.target_kind == "stream" else f"window {trig.target}"
+            if trig.target_kind == "window":
+                w = self.windows[trig.target]
+                edges.setdefault(f"stream {w.stream}", set()).add(src)
+            for s in sorted(self.trigger_plans[trig.name].emits):
+                edges.setdefault(src, set()).add(f"stream {s}")
+        for s in self.consumers:
+            self.consumers[s].sort()
+        order = _toposort(edges)
+        self.topo_rank = {n.split(" ", 1)[1]: i for i, n in enumerate(order) if n.startswith("procedure ")}
+        for s in self.consumers:
+            self.consumers[s].sort(key=lambda p: self.topo_rank.get(p, 0))
+
+    # ------------------------------------------------------------------- queries
+    def is_border(self, stream: str) -> bool:
+        """A border stream is fed from outside: no procedure or trigger emits on it."""
+        return not self.producers_of.get(stream) and not any(
+            stream in plan.emits for plan in self.trigger_plans.values()
+        )
+
+    def triggers_on(self, kind: str, target: str) -> list[str]:
+        return sorted(t.name for t in self.triggers.values() if t.target_kind == kind and t.target == target)
+
+    def group_of(self, procedure: str) -> str | None:
+        for g in self.groups.values():
+            if procedure in g.procedures:
+                return g.name
+        return None
+
+    def names(self, kind: str) -> list[str]:
+        return sorted(self._objects(kind))
+
+
+@dataclass(frozen=True)
+class PhysicalStatement:
+    what: str
+    sql: str
+
+
+def create_statements(cat: Catalog) -> list[PhysicalStatement]:
+    """The DDL that builds `cat`'s physical schema in an empty database."""
+    out = [
+        PhysicalStatement("system", f"CREATE SCHEMA IF NOT EXISTS {STREAM_SCHEMA}"),
+        PhysicalStatement("system", f"CREATE SCHEMA IF NOT EXISTS {WINDOW_SCHEMA}"),
+        PhysicalStatement("system", f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}"),
+    ]
+    for name in sorted(cat.tables):
+        out += _create_object(cat, "table", name)
+    for name in sorted(cat.streams):
+        out += _create_object(cat, "stream", name)
+    for name in sorted(cat.windows):
+        out += _create_object(cat, "window", name)
+    for name in sorted(cat.indexes):
+        out += _create_object(cat, "index", name)
+    return out
+
+
+def _create_object(cat: Catalog, kind: str, name: str) -> list[PhysicalStatement]:
+    what = f"{kind} {name!r}"
+    if kind == "table":
+        return [PhysicalStatement(what, cat.tables[name].sql)]
+    if kind == "stream":
+        s = cat.streams[name]
+        cols = ", ".join(f"{quote(c)} {t}" for c, t in s.columns)
+        names = ", ".join(quote(c) for c, _ in s.columns)
+        return [
+            PhysicalStatement(
+                what,
+                f"CREATE TABLE {STREAM_SCHEMA}.{quote(name)} ({cols}, batch_id BIGINT NOT NULL)",
+            ),
+            PhysicalStatement(
+                what,
+                f"CREATE VIEW {quote(name)} AS SELECT {names}, batch_id FROM {STREAM_SCHEMA}.{quote(name)}",
+            ),
+        ]
+    if kind == "window":
+        w = cat.windows[name]
+        s = cat.streams.get(w.stream)
+        if s is None:
+            raise InvalidArgument(f"deploy: window {name!r} is on unknown stream {w.stream!r}")
+        cols = ", ".join(f"{quote(c)} {t}" for c, t in s.columns)
+        names = ", ".join(quote(c) for c, _ in s.columns)
+        return [
+            PhysicalStatement(
+                what,
+                f"CREATE TABLE {WINDOW_SCHEMA}.{quote(name)} ({cols}, batch_id BIGINT NOT NULL, "
+                "__seq BIGINT NOT NULL, __staged BOOLEAN NOT NULL)",
+            ),
+            PhysicalStatement(
+                what,
+                f"CREATE VIEW {quote(name)} AS SELECT {names} FROM {WINDOW_SCHEMA}.{quote(name)} "
+                "WHERE NOT __staged",
+            ),
+        ]
+    if kind == "index":
+        return [PhysicalStatement(what, cat.indexes[name].sql)]
+    return []
+
+
+def _drop_object(old: Catalog, kind: str, name: str) -> list[str]:
+    if kind == "table":
+        return [f"DROP TABLE {quote(name)}"]
+    if kind == "stream":
+        return [f"DROP VIEW {quote(name)}", f"DROP TABLE {STREAM_SCHEMA}.{quote(name)}"]
+    if kind == "window":
+        return [f"DROP VIEW {quote(name)}", f"DROP TABLE {WINDOW_SCHEMA}.{quote(name)}"]
+    if kind == "index":
+        return [f"DROP INDEX {quote(name)}"]
+    return []
+
+
+PHYSICAL_KINDS = ("index", "window", "stream", "table")
+
+
+def physical_diff(old: Catalog, new: Catalog) -> list[str]:
+    """DDL that turns `old`'s physical schema into `new`'s (drops first, then creates)."""
+    out: list[str] = []
+    for kind in PHYSICAL_KINDS:
+        before, after = old._objects(kind), new._objects(kind)
+        for name in sorted(before):
+            if name not in after or asdict(after[name]) != asdict(before[name]):
+                out += _drop_object(old, kind, name)
+    for kind in reversed(PHYSICAL_KINDS):
+        before, after = old._objects(kind), new._objects(kind)
+        for name in sorted(after):
+            if name not in before or asdict(after[name]) != asdict(before[name]):
+                out += [s.sql for s in _create_object(new, kind, name)]
+    return out
+
+
+def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
+    if isinstance(st, ddl.CreateTable):
+        return "table", TableDef(st.name, st.sql, st.partition_by), False, st.if_not_exists
+    if isinstance(st, ddl.CreateStream):
+        cols = [(c.name, c.type) for c in st.columns]
+        return "stream", StreamDef(st.name, cols, st.partition_by), False, st.if_not_exists
+    if isinstance(st, ddl.CreateWindow):
+        return (
+            "window",
+            WindowDef(st.name, st.stream, st.kind, st.size, st.slide),
+            False,
+            st.if_not_exists,
+        )
+    if isinstance(st, ddl.CreateProcedure):
+        proc = ProcedureDef(
+            name=st.name,
+            params=[(p.name, p.type) for p in st.params],
+            on_stream=st.on_stream,
+            partition_on=st.partition_on,
+            body=list(st.body),
+            body_lines=list(st.body_lines),
+            python=st.python,
+        )
+        return "procedure", proc, st.or_replace, False
+    if isinstance(st, ddl.CreateTrigger):
+        trig = TriggerDef(st.name, st.target_kind, st.target, list(st.body), list(st.body_lines))
+        return "trigger", trig, st.or_replace, False
+    if isinstance(st, ddl.CreateIndex):
+        return "index", IndexDef(st.name, st.sql), False, False
+    if isinstance(st, ddl.CreateGroup):
+        return "group", GroupDef(st.name, list(st.procedures)), False, False
+    raise InvalidArgument(f"deploy: unsupported statement {st!r}")
+
+
+def _copy_def(d: Any) -> Any:
+    return type(d)(**json.loads(json.dumps(asdict(d))))
+
+
+def _mentions(sql: str, name: str) -> bool:
+    from streamtx.server.catalog.compile import referenced_names
+
+    return name in referenced_names(sql)
+
+
+def _toposort(edges: dict[str, set[str]]) -> list[str]:
+    """Kahn's algorithm with name order for ties; a cycle is InvalidArgument naming it."""
+    nodes = set(edges) | {m for ms in edges.values() for m in ms}
+    indeg = {n: 0 for n in nodes}
+    for ms in edges.values():
+        for m in ms:
+            indeg[m] += 1
+    ready = sorted(n for n, d in indeg.items() if d == 0)
+    order = []
+    while ready:
+        n = ready.pop(0)
+        order.append(n)
+        for m in sorted(edges.get(n, ())):
+            indeg[m] -= 1
+            if indeg[m] == 0:
+                ready.append(m)
+                ready.sort()
+    if len(order) != len(nodes):
+        raise InvalidArgument(f"deploy: the dataflow graph has a cycle: {_find_cycle(edges)}")
+    return order
+
+
+def _find_cycle(edges: dict[str, set[str]]) -> str:
+    color: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        color[n] = 1
+        stack.append(n)
+        for m in sorted(edges.get(n, ())):
+            if color.get(m) == 1:
+                return stack[stack.index(m) :] + [m]
+            if m not in color:
+                found = visit(m)
+                if found:
+                    return found
+        stack.pop()
+        color[n] = 2
+        return None
+
+    for n in sorted(edges):
+        if n not in color:
+            cycle = visit(n)
+            if cycle:
+                return " -> ".join(cycle)
+    return "?"
+
+
+def _duck_message(e: Exception) -> str:
+    """DuckDB's message, first line plus the LINE pointer if present, compacted."""
+    text = str(e).strip()
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())

@@ -1,0 +1,214 @@
+"""Compiles the SQL of procedures and triggers into what a partition executes.
+
+Users write against logical names: inside a procedure `ON STREAM s`, `s` is the
+atomic batch being processed; `INSERT INTO t` on a stream `t` emits tuples on
+it. Partitions store streams physically (schema `streams`, with a `batch_id`
+column). Compilation rewrites each statement once, at deploy time, so that no
+statement is parsed or rewritten on the hot path:
+
+- a read of the input stream `s` reads `__batch__s`, the Arrow relation the
+  engine registers for the TE;
+- `INSERT INTO t ...` on a stream becomes an insert into `streams.t` stamped
+  with `$__batch` that RETURNs the emitted tuples, so the engine has them for
+  EE triggers and downstream TEs without another statement;
+- every other name must be a table, an owned window, or a CTE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from streamtx.errors import InvalidArgument
+
+BATCH_PARAM = "__batch"
+STREAM_SCHEMA = "streams"
+WINDOW_SCHEMA = "windows"
+SYSTEM_SCHEMA = "streamtx"
+
+
+def batch_relation(stream: str) -> str:
+    """The name under which a TE's input batch of `stream` is registered."""
+    return f"__batch__{stream}"
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """One executable statement.
+
+    `emits` names the stream the statement inserts into (its RETURNING rows are
+    the emitted tuples), `params` the `$name` parameters it binds, `returns_rows`
+    whether it yields a result table for an OLTP caller.
+    """
+
+    sql: str
+    params: tuple[str, ...]
+    emits: str | None
+    returns_rows: bool
+    source: str
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What a statement may name: the catalog as seen by one procedure or trigger."""
+
+    owner: str  # "procedure p" / "trigger t", for messages
+    tables: frozenset[str]
+    streams: dict[str, tuple[str, ...]]  # stream -> its column names
+    windows: dict[str, str]  # window -> owning procedure (or "" if none yet)
+    input_stream: str | None  # the stream whose batch this code reads
+    owned_windows: frozenset[str]
+    params: frozenset[str]
+
+
+def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
+    """Rewrites one statement for `scope`; InvalidArgument names what is wrong."""
+    where = f"{scope.owner}" + (f" (line {line})" if line else "")
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except ParseError as e:
+        raise InvalidArgument(f"{where}: SQL syntax error: {_first_error(e)}: {sql!r}") from None
+    if tree is None:
+        raise InvalidArgument(f"{where}: empty statement")
+    ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
+    target = _insert_target(tree)
+
+    for table in list(tree.find_all(exp.Table)):
+        if table is target:
+            continue
+        name = table.name
+        if table.db or not name:
+            if table.db in (STREAM_SCHEMA, WINDOW_SCHEMA, SYSTEM_SCHEMA):
+                raise InvalidArgument(f"{where}: schema {table.db!r} is internal to streamtx")
+            continue
+        if name in ctes:
+            continue
+        if name in scope.streams:
+            if name != scope.input_stream:
+                expected = (
+                    f"its input stream is {scope.input_stream!r}"
+                    if scope.input_stream
+                    else "it has no input stream (no ON STREAM)"
+                )
+                raise InvalidArgument(
+                    f"{where}: reads stream {name!r}, but {expected}; a stream is visible only "
+                    "to the procedures and triggers it feeds"
+                )
+            alias = table.alias or name
+            table.set("this", exp.to_identifier(batch_relation(name), quoted=True))
+            table.set("alias", exp.TableAlias(this=exp.to_identifier(alias, quoted=True)))
+            continue
+        if name in scope.windows:
+            if name not in scope.owned_windows:
+                owner = scope.windows[name]
+                raise InvalidArgument(
+                    f"{where}: reads window {name!r}, which belongs to procedure {owner!r}; a "
+                    "window is visible only to the procedure that owns it"
+                )
+            continue
+        if name not in scope.tables and not isinstance(table.parent, exp.Schema | exp.Drop):
+            raise InvalidArgument(f"{where}: unknown table {name!r}")
+
+    params = sorted({p.name for p in tree.find_all(exp.Placeholder) if p.name})
+    for p in tree.find_all(exp.Placeholder):
+        if not p.name:
+            raise InvalidArgument(f"{where}: positional parameter '?' is not supported; use $name")
+    unknown = [p for p in params if p not in scope.params and p != BATCH_PARAM]
+    if unknown:
+        declared = ", ".join(sorted(scope.params)) or "none"
+        raise InvalidArgument(f"{where}: unknown parameter ${unknown[0]} (declared parameters: {declared})")
+
+    if target is not None and target.name in scope.streams and not target.db:
+        return _compile_emit(tree, target, scope, where, tuple(params), sql)
+    if target is not None and target.name in scope.windows and not target.db:
+        raise InvalidArgument(
+            f"{where}: inserts into window {target.name!r}; a window is fed from its stream, not by INSERT"
+        )
+    if isinstance(tree, exp.Insert | exp.Update | exp.Delete):
+        _check_not_stream_write(tree, scope, where)
+    returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
+    return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql)
+
+
+def _compile_emit(
+    tree: exp.Expression,
+    target: exp.Table,
+    scope: Scope,
+    where: str,
+    params: tuple[str, ...],
+    source: str,
+) -> Compiled:
+    stream = target.name
+    columns = scope.streams[stream]
+    schema = tree.this if isinstance(tree.this, exp.Schema) else None
+    if schema is not None and schema.expressions:
+        given = [c.name for c in schema.expressions]
+        unknown = [c for c in given if c not in columns]
+        if unknown:
+            raise InvalidArgument(f"{where}: stream {stream!r} has no column {unknown[0]!r}")
+        missing = [c for c in columns if c not in given]
+        if missing:
+            raise InvalidArgument(
+                f"{where}: INSERT INTO stream {stream!r} must give every column; missing {', '.join(missing)}"
+            )
+    else:
+        given = list(columns)
+    if tree.args.get("returning") or tree.args.get("conflict") or tree.args.get("by_name"):
+        raise InvalidArgument(f"{where}: INSERT INTO stream {stream!r} takes a plain VALUES or SELECT")
+    query = tree.expression
+    if query is None:
+        raise InvalidArgument(f"{where}: INSERT INTO stream {stream!r} without rows")
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    prefix = (with_.sql("duckdb") + " ") if with_ is not None else ""
+    cols = ", ".join(quote(c) for c in given)
+    ordered = ", ".join(quote(c) for c in columns)
+    n = len(given)
+    aliased = ", ".join(f"__c{i}" for i in range(n))
+    sql = (
+        f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
+        f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased}) "
+        f"RETURNING {ordered}"
+    )
+    return Compiled(sql, tuple(sorted(set(params) | {BATCH_PARAM})), stream, False, source)
+
+
+def _insert_target(tree: exp.Expression) -> exp.Table | None:
+    if not isinstance(tree, exp.Insert):
+        return None
+    this = tree.this
+    if isinstance(this, exp.Schema):
+        this = this.this
+    return this if isinstance(this, exp.Table) else None
+
+
+def _check_not_stream_write(tree: exp.Expression, scope: Scope, where: str) -> None:
+    target = tree.this
+    if isinstance(target, exp.Schema):
+        target = target.this
+    if isinstance(target, exp.Table) and target.name in scope.streams and not target.db:
+        raise InvalidArgument(
+            f"{where}: {tree.key.upper()} on stream {target.name!r}; streams are append-only (INSERT only)"
+        )
+
+
+def _first_error(e: ParseError) -> str:
+    if e.errors:
+        err = e.errors[0]
+        return f"{err.get('description')} at line {err.get('line')}, column {err.get('col')}"
+    return str(e)
+
+
+def referenced_names(sql: str) -> set[str]:
+    """Unqualified table names a statement mentions (used for graph edges and checks)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except ParseError:
+        return set()
+    return {t.name for t in tree.find_all(exp.Table) if not t.db}

@@ -1,0 +1,48 @@
+"""Server configuration: one dataclass, built by the CLI or by tests."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PORT = 7411
+
+
+def default_procedures_path() -> Path:
+    """The applications that ship with streamtx (the repository's procedures/)."""
+    return Path(__file__).resolve().parent.parent / "procedures"
+
+
+@dataclass
+class ServerConfig:
+    """Everything `streamtx serve` can be told.
+
+    Defaults give the embedded single-partition server on 127.0.0.1 that works
+    on a laptop with nothing else installed.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT  # 0 picks a free port; the chosen one is printed and written to data_dir/port
+    data_dir: Path = field(default_factory=lambda: Path("streamtx-data"))
+    partitions: int = 1
+    executor: str = "serial"  # serial | opchain
+    procedures_path: Path = field(default_factory=default_procedures_path)
+    token: str | None = field(default_factory=lambda: os.environ.get("STREAMTX_TOKEN") or None)
+    use_uvloop: bool = True
+    max_batch_rows: int = 1_000_000
+    max_message_bytes: int = 64 * 1024 * 1024
+    max_in_flight: int = 1024  # pushed batches admitted but not yet acknowledged, per server
+    stream_retention: int = 10_000  # batches kept on a stream no procedure consumes, for Subscribe
+    order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
+    bins: int = 1024
+
+    def validate(self) -> None:
+        if self.partitions < 1:
+            raise ValueError(f"--partitions must be >= 1, got {self.partitions}")
+        if self.executor not in ("serial", "opchain"):
+            raise ValueError(f"--executor must be serial or opchain, got {self.executor!r}")
+        if not (0 <= self.port < 65536):
+            raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.max_batch_rows < 1:
+            raise ValueError("--max-batch-rows must be >= 1")

@@ -1,0 +1,287 @@
+"""The front process's core: catalog, sequencer, router and partitions together.
+
+The gRPC service (front/service.py) is a thin translation of protobuf to calls
+on `Front`; everything here raises StreamTxError subclasses with precise
+messages, and nothing changes state before all checks passed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import fcntl
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.partitions import Partitions, Reply, checked
+from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.pyproc import ProcedureLoader
+
+from streamtx.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+)
+
+CATALOG_FILE = "catalog.json"
+
+
+class Front:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.loader = ProcedureLoader(config.procedures_path)
+        self.catalog = Catalog()
+        self.partitions = Partitions(config.partitions, config.procedures_path, config.stream_retention)
+        self.sequencer = Sequencer(order_timeout=config.order_timeout_s)
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.admission = asyncio.Semaphore(config.max_in_flight)
+        self._stream_events: dict[str, asyncio.Event] = {}
+        self._deploy_lock = asyncio.Lock()
+        self._lock_file: Any = None
+        self.started = time.time()
+        self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
+
+    # ---------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.data_dir / "LOCK", "w")  # noqa: SIM115 - held for the server's life
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SystemExit(
+                f"streamtx: data directory {self.data_dir} is in use by another server"
+            ) from None
+        self.catalog = await asyncio.to_thread(
+            Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve
+        )
+        await self.partitions.start()
+        ddl = [s.sql for s in create_statements(self.catalog)]
+        await self.partitions.broadcast({"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl})
+        for reply, _ in await self.partitions.broadcast({"op": "marks"}):
+            self.sequencer.load_marks(reply["marks"], reply["last_ts"])
+
+    async def stop(self) -> None:
+        await self.partitions.stop()
+        if self._lock_file is not None:
+            self._lock_file.close()
+        self.parser.close()
+
+    # ------------------------------------------------------------------ deploy
+    async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        async with self._deploy_lock:
+            new, created, dropped, ddl = await asyncio.to_thread(
+                self.catalog.deploy, script, self.loader.resolve
+            )
+            await self.partitions.broadcast({"op": "install", "catalog": new.to_json(), "ddl": ddl})
+            await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
+            self.catalog = new
+            self.counters["deploys"] += 1
+            return created, dropped
+
+    # -------------------------------------------------------------------- push
+    def check_push(self, stream: str, producer: str, batch_id: int) -> pa.Schema:
+        """Validates a push's addressing; returns the stream's schema."""
+        if not stream:
+            raise InvalidArgument("push: no stream named")
+        schema = self.catalog.stream_schemas.get(stream)
+        if schema is None:
+            known = ", ".join(self.catalog.names("stream")) or "none"
+            raise NotFound(f"push: unknown stream {stream!r} (streams: {known})")
+        if not self.catalog.is_border(stream):
+            writers = self.catalog.producers_of.get(stream) or ["an EE trigger"]
+            raise FailedPrecondition(
+                f"push: stream {stream!r} is the output of {', '.join(writers)}; producers push "
+                "to border streams only"
+            )
+        if not producer:
+            raise InvalidArgument(f"push to {stream!r}: producer_id is empty")
+        if batch_id < 1:
+            raise InvalidArgument(
+                f"push to {stream!r}: batch_id {batch_id} is invalid; a producer's batch ids start "
+                "at 1 and increase by one"
+            )
+        return schema
+
+    def check_rows(self, stream: str, table: pa.Table) -> None:
+        if table.num_rows > self.config.max_batch_rows:
+            raise ResourceExhausted(
+                f"push to {stream!r}: batch of {table.num_rows} rows exceeds the limit of "
+                f"{self.config.max_batch_rows} rows per batch (--max-batch-rows)"
+            )
+
+    def push(self, stream: str, producer: str, batch_id: int, table: pa.Table) -> asyncio.Future:
+        """Submits a validated batch; the future resolves to the partition's outcome header."""
+
+        def dispatch(ts: int) -> asyncio.Future:
+            return self._dispatch_push(stream, producer, batch_id, ts, table)
+
+        return self.sequencer.submit(producer, stream, batch_id, dispatch)
+
+    def _dispatch_push(
+        self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table
+    ) -> asyncio.Future:
+        header = {
+            "op": "push",
+            "stream": stream,
+            "producer": producer,
+            "batch_id": batch_id,
+            "ts": ts,
+        }
+        targets = self.route(stream, table)
+        futs = [self.partitions[p].send(header, [part]) for p, part in targets]
+        return asyncio.ensure_future(self._gather_push(stream, futs))
+
+    async def _gather_push(self, stream: str, futs: list[asyncio.Future]) -> dict[str, Any]:
+        replies = await asyncio.gather(*futs)
+        results = [checked(r)[0] for r in replies]
+        outcome = results[0]
+        for r in results:
+            for s in r.get("emitted", ()):
+                self.notify(s)
+        self.counters[outcome["outcome"]] += 1
+        return outcome
+
+    def route(self, stream: str, table: pa.Table) -> list[tuple[int, pa.Table]]:
+        """The partitions a batch goes to, with their slices.
+
+        Single-partition servers send everything to partition 0; the bin map
+        for partitioned streams arrives with multi-partition support.
+        """
+        return [(0, table)]
+
+    # -------------------------------------------------------------------- call
+    async def call(self, procedure: str, params: dict[str, Any]) -> tuple[int, list[pa.Table]]:
+        proc = self.catalog.procedures.get(procedure)
+        if proc is None:
+            known = ", ".join(self.catalog.names("procedure")) or "none"
+            raise NotFound(f"call: unknown procedure {procedure!r} (procedures: {known})")
+        if proc.on_stream is not None:
+            raise FailedPrecondition(
+                f"call: procedure {procedure!r} runs ON STREAM {proc.on_stream}; push batches to "
+                "the stream instead"
+            )
+        declared = dict(proc.params)
+        unknown = sorted(set(params) - set(declared))
+        if unknown:
+            raise InvalidArgument(
+                f"call {procedure}: unknown parameter {unknown[0]!r} (parameters: "
+                f"{', '.join(declared) or 'none'})"
+            )
+        missing = [p for p in declared if p not in params]
+        if missing:
+            raise InvalidArgument(f"call {procedure}: missing parameter {missing[0]!r}")
+        bound = {
+            name: _coerce_param(self.parser, procedure, name, declared[name], params[name])
+            for name in declared
+        }
+        ts = self.sequencer.next_ts()
+        fut = self.partitions[0].send({"op": "call", "procedure": procedure, "params": bound, "ts": ts})
+        reply, results = checked(await fut)
+        for s in reply.get("emitted", ()):
+            self.notify(s)
+        self.counters["calls"] += 1
+        return ts, results
+
+    # ------------------------------------------------------------------- query
+    async def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
+        check_read_only(self.parser, sql)
+        reply, tables = await self.partitions[0].request({"op": "query", "sql": sql, "params": params})
+        self.counters["queries"] += 1
+        return tables[0]
+
+    # --------------------------------------------------------------- subscribe
+    def check_subscribe(self, stream: str) -> None:
+        if stream not in self.catalog.streams:
+            raise NotFound(f"subscribe: unknown stream {stream!r}")
+        consumers = self.catalog.consumers.get(stream)
+        if consumers:
+            raise FailedPrecondition(
+                f"subscribe: stream {stream!r} is consumed by {', '.join(consumers)}; its tuples "
+                "are garbage collected once consumed. Subscribe to a stream no procedure consumes"
+            )
+
+    async def read_stream(
+        self, stream: str, from_batch: int, max_batches: int = 64
+    ) -> list[tuple[int, pa.Table]]:
+        reply, tables = await self.partitions[0].request(
+            {
+                "op": "read_stream",
+                "stream": stream,
+                "from_batch": from_batch,
+                "max_batches": max_batches,
+            }
+        )
+        return list(zip(reply["batch_ids"], tables, strict=True))
+
+    def stream_event(self, stream: str) -> asyncio.Event:
+        ev = self._stream_events.get(stream)
+        if ev is None:
+            ev = self._stream_events[stream] = asyncio.Event()
+        return ev
+
+    def notify(self, stream: str) -> None:
+        ev = self._stream_events.pop(stream, None)
+        if ev is not None:
+            ev.set()
+
+    # ------------------------------------------------------------------ status
+    async def status(self) -> dict[str, Any]:
+        parts = []
+        for p in self.partitions.all:
+            parts.append(
+                {
+                    "id": p.index,
+                    "pid": p.pid,
+                    "alive": p.alive,
+                    "queued": p.queued,
+                    "error": p.error or "",
+                }
+            )
+        return {
+            "partitions": parts,
+            "counters": dict(self.counters),
+            "last_timestamp": self.sequencer.last_ts,
+        }
+
+
+def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
+    """Query takes one SELECT; anything else is INVALID_ARGUMENT (checked by DuckDB's parser)."""
+    if not sql.strip():
+        raise InvalidArgument("query: empty SQL")
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as e:
+        raise InvalidArgument(f"query: {e}") from None
+    if len(statements) != 1:
+        raise InvalidArgument(f"query: expected one statement, got {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise InvalidArgument(
+            f"query: {kind.name} is not allowed; Query is read-only (SELECT only). Use Call for "
+            "writes, Deploy for DDL"
+        )
+
+
+def _coerce_param(
+    con: duckdb.DuckDBPyConnection, procedure: str, name: str, type_sql: str, value: Any
+) -> Any:
+    """Checks a call parameter against its declared DuckDB type (cast by DuckDB itself)."""
+    if value is None:
+        return None
+    try:
+        con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchone()
+    except duckdb.Error as e:
+        raise InvalidArgument(
+            f"call {procedure}: parameter {name!r}: {value!r} is not a {type_sql} ({str(e).splitlines()[0]})"
+        ) from None
+    return value
+
+
+__all__ = ["Front", "Reply"]

@@ -1,0 +1,115 @@
+"""The sequencer: global timestamps, and batch-id order per producer and stream.
+
+Every command (batch, call, deploy) gets the next timestamp when it is
+dispatched to the partitions; since dispatch writes to every partition queue
+synchronously, each partition sees commands in timestamp order.
+
+A producer's batch ids on a stream start at 1 and increase by one. A batch is
+dispatched only after its predecessor was: one that arrives early waits (at
+most `order_timeout` seconds, then it is rejected with FAILED_PRECONDITION and
+its id stays free). A batch id at or below the last dispatched one is a
+re-send: it is still dispatched, and the partition answers DUPLICATE with the
+original outcome, after the original has finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from streamtx.errors import FailedPrecondition
+
+Dispatch = Callable[[int], asyncio.Future]
+"""Sends a batch to its partitions with the given timestamp, synchronously (so that
+queue order is timestamp order); the returned future is the outcome."""
+
+
+class Sequencer:
+    def __init__(self, last_ts: int = 0, order_timeout: float = 10.0) -> None:
+        self.last_ts = last_ts
+        self.order_timeout = order_timeout
+        self.dispatched: dict[tuple[str, str], int] = {}
+        self._parked: dict[tuple[str, str], dict[int, tuple[Dispatch, asyncio.Future]]] = {}
+
+    def next_ts(self) -> int:
+        self.last_ts += 1
+        return self.last_ts
+
+    def load_marks(self, marks: dict[tuple[str, str], int], last_ts: int) -> None:
+        for key, batch_id in marks.items():
+            self.dispatched[key] = max(self.dispatched.get(key, 0), batch_id)
+        self.last_ts = max(self.last_ts, last_ts)
+
+    def submit(self, producer: str, stream: str, batch_id: int, dispatch: Dispatch) -> asyncio.Future:
+        """Dispatches now if in order, else parks; the future resolves with the outcome."""
+        key = (producer, stream)
+        last = self.dispatched.get(key, 0)
+        loop = asyncio.get_running_loop()
+        if batch_id <= last + 1:
+            fut = dispatch(self.next_ts())
+            if batch_id == last + 1:
+                self.dispatched[key] = batch_id
+                self._release(key)
+            return fut
+        parked = self._parked.setdefault(key, {})
+        if batch_id in parked:
+            # the same early batch twice: wait for the first copy's outcome
+            return _chain(parked[batch_id][1])
+        waiter: asyncio.Future = loop.create_future()
+        parked[batch_id] = (dispatch, waiter)
+        loop.call_later(self.order_timeout, self._expire, key, batch_id, last)
+        return waiter
+
+    def _release(self, key: tuple[str, str]) -> None:
+        parked = self._parked.get(key)
+        while parked:
+            nxt = self.dispatched[key] + 1
+            entry = parked.pop(nxt, None)
+            if entry is None:
+                break
+            dispatch, waiter = entry
+            self.dispatched[key] = nxt
+            inner = dispatch(self.next_ts())
+            _forward(inner, waiter)
+        if parked is not None and not parked:
+            self._parked.pop(key, None)
+
+    def _expire(self, key: tuple[str, str], batch_id: int, last_when_parked: int) -> None:
+        parked = self._parked.get(key)
+        if not parked or batch_id not in parked:
+            return
+        _, waiter = parked.pop(batch_id)
+        if not parked:
+            self._parked.pop(key, None)
+        missing = self.dispatched.get(key, 0) + 1
+        if not waiter.done():
+            waiter.set_exception(
+                FailedPrecondition(
+                    f"batch {batch_id} of producer {key[0]!r} on stream {key[1]!r} waited "
+                    f"{self.order_timeout:g} s for batch {missing}, which never arrived; batches of "
+                    "a producer are taken in batch-id order, starting at 1"
+                )
+            )
+
+    def parked_count(self) -> int:
+        return sum(len(p) for p in self._parked.values())
+
+
+def _forward(inner: asyncio.Future, outer: asyncio.Future) -> None:
+    def done(f: asyncio.Future) -> None:
+        if outer.done():
+            return
+        if f.cancelled():
+            outer.cancel()
+        elif f.exception() is not None:
+            outer.set_exception(f.exception())
+        else:
+            outer.set_result(f.result())
+
+    inner.add_done_callback(done)
+
+
+def _chain(fut: asyncio.Future) -> asyncio.Future:
+    out: asyncio.Future = asyncio.get_running_loop().create_future()
+    _forward(fut, out)
+    return out

@@ -1,0 +1,191 @@
+"""A partition's state: its DuckDB database, catalog, and the system tables.
+
+The engine is used by exactly one thread, the partition's executing thread.
+System tables in schema `streamtx` hold what exactly-once needs, written in
+the same DuckDB transaction as the effects they vouch for:
+
+- `producers(producer_id, stream, last_batch_id, last_ts)`: per producer and
+  stream, the last batch taken (batches are taken in batch-id order, so every
+  id up to it is a duplicate);
+- `rejections(producer_id, stream, batch_id, ts, code, reason)`: the batches
+  that were rejected, so a re-sent one gets its original outcome.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, Compiled, quote
+from streamtx.server.partition.transaction import compile_python_sql, error_text
+from streamtx.server.pyproc import ProcedureLoader
+
+from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
+
+SYSTEM_DDL = [
+    f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",
+    f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.producers (producer_id VARCHAR, stream VARCHAR, "
+    "last_batch_id BIGINT NOT NULL, last_ts BIGINT NOT NULL, PRIMARY KEY (producer_id, stream))",
+    f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.rejections (producer_id VARCHAR, stream VARCHAR, "
+    "batch_id BIGINT, ts BIGINT, code INTEGER, reason VARCHAR, PRIMARY KEY (producer_id, stream, batch_id))",
+]
+
+
+class Engine:
+    def __init__(self, partition: int, loader: ProcedureLoader, retention: int = 10_000) -> None:
+        self.partition = partition
+        self.loader = loader
+        self.retention = retention
+        self.con = duckdb.connect(config={"enable_external_access": False})
+        for sql in SYSTEM_DDL:
+            self.con.execute(sql)
+        self.catalog = Catalog()
+        self.marks: dict[tuple[str, str], int] = {}
+        self.retained: dict[str, collections.deque[int]] = {}
+        self.trimmed_through: dict[str, int] = {}
+        self.last_ts = 0
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    # ---------------------------------------------------------------- catalog
+    def install(self, catalog_json: str, ddl: list[str]) -> None:
+        """Runs a deploy's physical DDL and switches to the new catalog, atomically."""
+        catalog = Catalog.from_json(catalog_json, self.loader.resolve)
+        self.con.execute("BEGIN")
+        try:
+            for sql in ddl:
+                self.con.execute(sql)
+        except duckdb.Error as e:
+            self.con.execute("ROLLBACK")
+            raise Internal(f"partition {self.partition}: deploy failed on {sql!r}: {error_text(e)}") from None
+        self.con.execute("COMMIT")
+        self.catalog = catalog
+        self.compile_for.cache_clear()
+        for stream in list(self.retained):
+            if stream not in catalog.streams:
+                del self.retained[stream]
+                self.trimmed_through.pop(stream, None)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 - one engine per process
+    def compile_for(self, procedure: str | None, sql: str) -> Compiled:
+        if procedure is None:
+            raise InvalidArgument("SQL outside a procedure")
+        return compile_python_sql(self, procedure, sql)
+
+    def python_emits(self, procedure: str | None) -> frozenset[str]:
+        if procedure is None:
+            return frozenset()
+        return self.catalog.plans[procedure].emits
+
+    # ----------------------------------------------------- exactly-once marks
+    def load_marks(self) -> None:
+        rows = self.con.execute(
+            f"SELECT producer_id, stream, last_batch_id, last_ts FROM {SYSTEM_SCHEMA}.producers"
+        ).fetchall()
+        self.marks = {(p, s): b for p, s, b, _ in rows}
+        self.last_ts = max([ts for *_, ts in rows] + [self.last_ts])
+
+    def record_mark(self, producer: str, stream: str, batch_id: int, ts: int) -> None:
+        """Records that a batch was taken; runs inside the batch's transaction."""
+        self.con.execute(
+            f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts) "
+            "ON CONFLICT DO UPDATE SET last_batch_id = excluded.last_batch_id, last_ts = excluded.last_ts",
+            {"p": producer, "s": stream, "b": batch_id, "ts": ts},
+        )
+
+    def record_rejection(
+        self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str
+    ) -> None:
+        self.con.execute("BEGIN")
+        self.record_mark(producer, stream, batch_id, ts)
+        self.con.execute(
+            f"INSERT OR REPLACE INTO {SYSTEM_SCHEMA}.rejections VALUES ($p, $s, $b, $ts, $c, $r)",
+            {"p": producer, "s": stream, "b": batch_id, "ts": ts, "c": code, "r": reason},
+        )
+        self.con.execute("COMMIT")
+        self.marks[(producer, stream)] = batch_id
+
+    def original_outcome(self, producer: str, stream: str, batch_id: int) -> dict[str, Any]:
+        row = self.con.execute(
+            f"SELECT ts, code, reason FROM {SYSTEM_SCHEMA}.rejections "
+            "WHERE producer_id = $p AND stream = $s AND batch_id = $b",
+            {"p": producer, "s": stream, "b": batch_id},
+        ).fetchone()
+        if row is not None:
+            return {
+                "outcome": "duplicate",
+                "original": "rejected",
+                "ts": row[0],
+                "code": row[1],
+                "reason": row[2],
+            }
+        return {"outcome": "duplicate", "original": "committed", "ts": 0, "code": 0, "reason": ""}
+
+    # ------------------------------------------------------------ stream storage
+    def retain(self, stream: str, batch_id: int) -> None:
+        """Keeps an unconsumed batch for subscribers, trimming beyond the retention."""
+        kept = self.retained.setdefault(stream, collections.deque())
+        kept.append(batch_id)
+        if len(kept) > self.retention + max(1, self.retention // 10):
+            cut = None
+            while len(kept) > self.retention:
+                cut = kept.popleft()
+            self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
+            self.trimmed_through[stream] = cut
+
+    def consume(self, stream: str, batch_id: int) -> None:
+        """Garbage-collects a stream batch every consumer has processed."""
+        self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id = $b", {"b": batch_id})
+
+    def read_stream(self, stream: str, from_batch: int, max_batches: int) -> list[tuple[int, pa.Table]]:
+        if stream not in self.catalog.streams:
+            raise NotFound(f"unknown stream {stream!r}")
+        if self.catalog.consumers.get(stream):
+            raise FailedPrecondition(
+                f"stream {stream!r} is consumed by procedure(s) "
+                f"{', '.join(self.catalog.consumers[stream])}; its tuples are garbage collected "
+                "once consumed. Subscribe to a stream that no procedure consumes"
+            )
+        trimmed = self.trimmed_through.get(stream, 0)
+        if 0 < from_batch <= trimmed:
+            raise OutOfRange(
+                f"stream {stream!r}: batches up to {trimmed} were trimmed (retention "
+                f"{self.retention} batches); resume from {trimmed + 1} or later"
+            )
+        kept = self.retained.get(stream)
+        if not kept:
+            return []
+        ids = [b for b in kept if b >= from_batch][:max_batches]
+        if not ids:
+            return []
+        cols = ", ".join(quote(c) for c in self.catalog.stream_schemas[stream].names)
+        table = self.con.execute(
+            f"SELECT {cols}, batch_id FROM {STREAM_SCHEMA}.{quote(stream)} "
+            "WHERE batch_id BETWEEN $lo AND $hi ORDER BY batch_id",
+            {"lo": ids[0], "hi": ids[-1]},
+        ).to_arrow_table()
+        out = []
+        batch_col = table.column("batch_id")
+        data = table.drop_columns(["batch_id"])
+        for b in ids:
+            mask = pc.equal(batch_col, b)
+            out.append((b, data.filter(mask)))
+        return out
+
+    # ----------------------------------------------------------------- queries
+    def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
+        try:
+            return self.con.execute(sql, params).to_arrow_table()
+        except duckdb.Error as e:
+            raise InvalidArgument(f"query: {error_text(e)}") from None
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "last_ts": self.last_ts,
+            "counters": dict(self.counters),
+        }

@@ -1,0 +1,218 @@
+"""One transaction execution (TE): a procedure's statements over one batch or call.
+
+A `Transaction` runs inside a DuckDB transaction opened by the caller. It
+registers the input batch under the name the compiled SQL reads, runs each
+statement with bound parameters, collects the tuples emitted on streams
+(straight from the statements' RETURNING rows) and fires the EE triggers of a
+stream each time tuples are inserted into it, inside the same TE.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+from streamtx.server.catalog.compile import (
+    BATCH_PARAM,
+    STREAM_SCHEMA,
+    Compiled,
+    batch_relation,
+    compile_statement,
+    quote,
+)
+
+from streamtx.errors import Aborted, InvalidArgument, StreamTxError
+from streamtx.wire import conform
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.engine import Engine
+
+warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
+
+MAX_TRIGGER_DEPTH = 32
+
+
+class Transaction:
+    """The context of one TE; also the `Tx` a Python procedure receives."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        procedure: str | None,
+        batch_id: int,
+        input_stream: str | None = None,
+        batch: pa.Table | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.con = engine.con
+        self.procedure = procedure
+        self.batch_id = batch_id
+        self.input_stream = input_stream
+        self.batch = batch
+        self.params = params or {}
+        self.emitted: dict[str, list[pa.Table]] = {}
+        self.results: list[pa.Table] = []
+        self.statements = 0
+        self._registered: list[str] = []
+        self._depth = 0
+
+    # ------------------------------------------------------------ public (Tx)
+    def sql(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
+        """Runs one statement for a Python procedure (compiled once, then cached)."""
+        compiled = self.engine.compile_for(self.procedure, sql)
+        bound = dict(params or {})
+        missing = [p for p in compiled.params if p != BATCH_PARAM and p not in bound]
+        if missing:
+            raise InvalidArgument(f"procedure {self.procedure}: no value for ${missing[0]}")
+        out = self._run(compiled, bound)
+        return out if out is not None else pa.table({})
+
+    def emit(self, stream: str, rows: pa.Table | dict | list) -> None:
+        allowed = self.engine.python_emits(self.procedure)
+        if stream not in allowed:
+            raise InvalidArgument(
+                f"procedure {self.procedure} emits on stream {stream!r}, which it does not "
+                f"declare (emits={sorted(allowed)})"
+            )
+        table = _as_table(rows)
+        table = conform(table, self.engine.catalog.stream_schemas[stream], f"emit on {stream}")
+        if table.num_rows == 0:
+            return
+        name = f"__emit__{stream}"
+        self.con.register(name, table)
+        try:
+            cols = ", ".join(quote(c) for c in table.column_names)
+            self._execute(
+                f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
+                f"SELECT *, ${BATCH_PARAM} FROM {quote(name)}",
+                {BATCH_PARAM: self.batch_id},
+            )
+        finally:
+            self.con.unregister(name)
+        self._emitted(stream, table)
+
+    def abort(self, reason: str) -> None:
+        raise Aborted(reason)
+
+    # --------------------------------------------------------------- engine
+    def run_plan(self, statements: list[Compiled]) -> None:
+        for compiled in statements:
+            out = self._run(compiled, self.params)
+            if out is not None and compiled.returns_rows:
+                self.results.append(out)
+
+    def run_python(self, fn: Callable[..., Any]) -> None:
+        result = fn(self, **self.params) if self.params else fn(self)
+        if isinstance(result, pa.Table):
+            self.results.append(result)
+        elif isinstance(result, list | tuple):
+            self.results.extend(_as_table(r) for r in result)
+        elif result is not None:
+            self.results.append(_as_table(result))
+
+    def register_input(self) -> None:
+        if self.input_stream is not None and self.batch is not None:
+            self._register(batch_relation(self.input_stream), self.batch)
+
+    def close(self) -> None:
+        for name in self._registered:
+            try:
+                self.con.unregister(name)
+            except duckdb.Error:
+                pass
+        self._registered.clear()
+
+    def fire_stream_triggers(self, stream: str, rows: pa.Table) -> None:
+        """Runs the EE triggers of `stream` over `rows`, just inserted into it."""
+        names = self.engine.catalog.triggers_on("stream", stream)
+        if not names:
+            return
+        self._depth += 1
+        if self._depth > MAX_TRIGGER_DEPTH:
+            raise Aborted(f"EE trigger chain on stream {stream!r} is deeper than {MAX_TRIGGER_DEPTH}")
+        self._register(batch_relation(stream), rows)
+        try:
+            for name in names:
+                for compiled in self.engine.catalog.trigger_plans[name].statements:
+                    self._run(compiled, {})
+        finally:
+            self._depth -= 1
+
+    # -------------------------------------------------------------- private
+    def _run(self, compiled: Compiled, params: dict[str, Any]) -> pa.Table | None:
+        bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
+        if BATCH_PARAM in compiled.params:
+            bound[BATCH_PARAM] = self.batch_id
+        cursor = self._execute(compiled.sql, bound)
+        if compiled.emits:
+            rows = cursor.to_arrow_table()
+            if rows.num_rows:
+                self._emitted(compiled.emits, rows)
+            return None
+        if compiled.returns_rows:
+            return cursor.to_arrow_table()
+        return None
+
+    def _execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
+        self.statements += 1
+        try:
+            return self.con.execute(sql, params)
+        except duckdb.Error as e:
+            raise Aborted(f"procedure {self.procedure or '?'}: {error_text(e)}") from None
+
+    def _emitted(self, stream: str, rows: pa.Table) -> None:
+        self.emitted.setdefault(stream, []).append(rows)
+        self.fire_stream_triggers(stream, rows)
+
+    def _register(self, name: str, table: pa.Table) -> None:
+        self.con.register(name, table)
+        self._registered.append(name)
+
+
+def error_text(e: Exception) -> str:
+    """DuckDB's message without its class prefix, on one line when short."""
+    text = str(e).strip()
+    for prefix in ("Invalid Input Error: ", "Constraint Error: "):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return text
+
+
+def _as_table(rows: Any) -> pa.Table:
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    if isinstance(rows, dict):
+        return pa.table(rows)
+    if isinstance(rows, list):
+        return pa.Table.from_pylist(rows)
+    if hasattr(rows, "to_arrow_table"):
+        return rows.to_arrow_table()
+    raise StreamTxError(f"cannot turn {type(rows).__name__} into rows")
+
+
+def compile_python_sql(engine: Engine, procedure: str, sql: str) -> Compiled:
+    proc = engine.catalog.procedures[procedure]
+    scope = engine.catalog._scope(
+        f"procedure {procedure}",
+        proc.on_stream,
+        {w for w, owner in engine.catalog.window_owner.items() if owner == procedure},
+        {p for p, _ in proc.params} | _free_params(sql),
+    )
+    return compile_statement(sql, scope)
+
+
+def _free_params(sql: str) -> set[str]:
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return set()
+    return {p.name for p in tree.find_all(exp.Placeholder) if p.name}

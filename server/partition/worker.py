@@ -1,0 +1,142 @@
+"""A partition worker process: one executing thread over one DuckDB database.
+
+The front starts it with one end of a socket pair. A helper thread only reads
+frames off the socket (I/O); the main thread executes commands one at a time,
+in the order they arrive, which is timestamp order. The worker exits when the
+front closes the socket or dies (PR_SET_PDEATHSIG), so it can never outlive it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from streamtx.server.ipc import Frame, SocketFrames
+from streamtx.server.partition.dataflow import Dataflow
+from streamtx.server.partition.engine import Engine
+from streamtx.server.pyproc import ProcedureLoader
+
+from streamtx.errors import Internal, StreamTxError
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+class Worker:
+    def __init__(self, partition: int, frames: SocketFrames, procedures: Path, retention: int) -> None:
+        self.frames = frames
+        self.engine = Engine(partition, ProcedureLoader(procedures), retention)
+        self.dataflow = Dataflow(self.engine)
+        self.inbox: queue.Queue[Frame | None] = queue.Queue()
+
+    def _read_loop(self) -> None:
+        while True:
+            frame = self.frames.read()
+            self.inbox.put(frame)
+            if frame is None:
+                return
+
+    def serve(self) -> None:
+        threading.Thread(target=self._read_loop, name="ipc-reader", daemon=True).start()
+        while True:
+            frame = self.inbox.get()
+            if frame is None:
+                return
+            header, tables = frame
+            if header.get("op") == "shutdown":
+                self.frames.write({"id": header["id"], "ok": True})
+                return
+            try:
+                reply, out_tables = self.handle(header, tables)
+                reply.update(id=header["id"], ok=True)
+            except StreamTxError as e:
+                reply, out_tables = (
+                    {
+                        "id": header["id"],
+                        "ok": False,
+                        "code": e.code.value[0],
+                        "message": e.message,
+                    },
+                    [],
+                )
+            except Exception as e:  # a bug: report it, keep serving
+                traceback.print_exc(file=sys.stderr)
+                err = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
+                reply, out_tables = (
+                    {
+                        "id": header["id"],
+                        "ok": False,
+                        "code": err.code.value[0],
+                        "message": err.message,
+                    },
+                    [],
+                )
+            self.frames.write(reply, out_tables)
+
+    def handle(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+        op = h["op"]
+        eng = self.engine
+        if op == "push":
+            out = self.dataflow.run_push(h["stream"], h["producer"], h["batch_id"], h["ts"], tables[0])
+            return out.header(), []
+        if op == "call":
+            out, results = self.dataflow.run_call(h["procedure"], h["params"], h["ts"])
+            return out.header(), results
+        if op == "query":
+            return {}, [eng.query(h["sql"], h["params"])]
+        if op == "read_stream":
+            batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
+            return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
+        if op == "install":
+            eng.install(h["catalog"], h["ddl"])
+            return {}, []
+        if op == "marks":
+            eng.load_marks()
+            return {"marks": eng.marks, "last_ts": eng.last_ts}, []
+        if op == "status":
+            return eng.status(), []
+        raise Internal(f"unknown partition op {op!r}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="streamtx partition worker (started by the front)")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--partition", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--procedures-path", type=Path, required=True)
+    parser.add_argument("--retention", type=int, default=10_000)
+    args = parser.parse_args(argv)
+    _die_with_parent(args.parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
+    sock = socket.socket(fileno=args.fd)
+    worker = Worker(args.partition, SocketFrames(sock), args.procedures_path, args.retention)
+    try:
+        worker.serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        worker.engine.con.close()
+        sock.close()
+
+
+if __name__ == "__main__":
+    main()

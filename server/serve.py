@@ -1,0 +1,118 @@
+"""`streamtx serve`: the front process with its gRPC server and partition workers.
+
+Shutdown on SIGTERM or SIGINT is orderly: stop accepting calls, let in-flight
+calls finish (a short grace period), stop every partition worker, release
+the data directory. Workers also die with the front if it is killed, so no
+process is ever left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.front import Front
+from streamtx.server.front.service import StreamTxService
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
+
+
+class Server:
+    """A running streamtx server (front + partitions), for the CLI and tests."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.front = Front(config)
+        self.port = 0
+        self._grpc: grpc.aio.Server | None = None
+        self._health = health.aio.HealthServicer()
+
+    async def start(self) -> None:
+        await self.front.start()
+        limit = self.config.max_message_bytes
+        self._grpc = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        pb_grpc.add_StreamTxServicer_to_server(StreamTxService(self.front), self._grpc)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
+        reflection.enable_server_reflection(
+            (
+                SERVICE_NAME,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            self._grpc,
+        )
+        self.port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise SystemExit(f"streamtx: cannot listen on {self.config.host}:{self.config.port}")
+        await self._grpc.start()
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        await self.front.stop()
+
+    async def run_until_signalled(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        print(
+            f"streamtx {self.config.executor} server listening on {self.config.host}:{self.port} "
+            f"({self.config.partitions} partition(s), data in {self.config.data_dir})",
+            flush=True,
+        )
+        dead = asyncio.create_task(self._watch_partitions())
+        await stop.wait()
+        dead.cancel()
+        print("streamtx: shutting down", file=sys.stderr, flush=True)
+        await self.stop()
+
+    async def _watch_partitions(self) -> None:
+        """Health goes NOT_SERVING when a partition dies (requests already fail fast)."""
+        while True:
+            await asyncio.sleep(0.5)
+            if any(not p.alive for p in self.front.partitions.all):
+                await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+
+def serve(config: ServerConfig) -> None:
+    """Runs a server until SIGTERM/SIGINT; uses uvloop unless told not to."""
+    try:
+        _run(Server(config), config.use_uvloop)
+    finally:
+        gc.collect()  # release DuckDB objects before interpreter teardown
+
+
+def _run(server: Server, use_uvloop: bool) -> None:
+    if use_uvloop:
+        try:
+            import uvloop
+        except ImportError:
+            uvloop = None
+        if uvloop is not None:
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                runner.run(server.run_until_signalled())
+            return
+    asyncio.run(server.run_until_signalled())

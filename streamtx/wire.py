@@ -1,0 +1,172 @@
+"""Encoding of relations on the wire: Arrow IPC bytes and typed protobuf rows.
+
+Shared by the server (decode and check what producers send) and the client
+(encode what it pushes, decode what it reads). Every decoding error is an
+`InvalidArgument` whose message names the column and the row at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from streamtx.errors import InvalidArgument
+from streamtx.v1 import streamtx_pb2 as pb
+
+
+def table_to_ipc(table: pa.Table) -> bytes:
+    """Arrow IPC stream bytes of a table (one or more record batches)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_to_table(data: bytes, what: str = "arrow_ipc") -> pa.Table:
+    """Decodes Arrow IPC stream bytes; malformed or truncated input is InvalidArgument."""
+    if not data:
+        raise InvalidArgument(f"{what}: empty Arrow IPC payload")
+    try:
+        with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+            return reader.read_all()
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OSError) as e:
+        raise InvalidArgument(f"{what}: malformed or truncated Arrow IPC stream: {e}") from None
+
+
+def value_to_py(value: pb.Value) -> Any:
+    kind = value.WhichOneof("kind")
+    return None if kind is None else getattr(value, kind)
+
+
+def py_to_value(obj: Any) -> pb.Value:
+    """A protobuf Value for a Python scalar; raises InvalidArgument for other types."""
+    if obj is None:
+        return pb.Value()
+    if isinstance(obj, bool):
+        return pb.Value(bool_value=obj)
+    if isinstance(obj, int):
+        return pb.Value(int_value=obj)
+    if isinstance(obj, float):
+        return pb.Value(double_value=obj)
+    if isinstance(obj, str):
+        return pb.Value(string_value=obj)
+    if isinstance(obj, bytes | bytearray | memoryview):
+        return pb.Value(bytes_value=bytes(obj))
+    if hasattr(obj, "item"):  # numpy scalars
+        return py_to_value(obj.item())
+    raise InvalidArgument(f"cannot encode a value of type {type(obj).__name__}: {obj!r}")
+
+
+def params_to_proto(params: Mapping[str, Any] | None) -> dict[str, pb.Value]:
+    return {name: py_to_value(v) for name, v in (params or {}).items()}
+
+
+def params_from_proto(params: Mapping[str, pb.Value]) -> dict[str, Any]:
+    return {name: value_to_py(v) for name, v in params.items()}
+
+
+def table_to_rows(table: pa.Table) -> pb.Rows:
+    """Typed protobuf rows for a table (the path for clients without Arrow)."""
+    columns = table.column_names
+    pycols = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    rows = [pb.Row(values=[py_to_value(col[r]) for col in pycols]) for r in range(table.num_rows)]
+    return pb.Rows(columns=columns, rows=rows)
+
+
+def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:
+    """Decodes protobuf rows into `schema`, converting each value to its column type.
+
+    Columns may be given in any order (`rows.columns`) or, when omitted, in schema
+    order. A missing, unknown or ill-typed value is InvalidArgument naming it.
+    """
+    names = list(rows.columns) or schema.names
+    _check_columns(names, schema, what)
+    width = len(names)
+    columns: list[list[Any]] = [[] for _ in names]
+    for r, row in enumerate(rows.rows):
+        if len(row.values) != width:
+            raise InvalidArgument(
+                f"{what}: row {r} has {len(row.values)} values, expected {width} ({', '.join(names)})"
+            )
+        for c, value in enumerate(row.values):
+            columns[c].append(value_to_py(value))
+    arrays = {}
+    for name, values in zip(names, columns, strict=True):
+        field = schema.field(name)
+        arrays[name] = _to_array(values, field, what)
+    return pa.table([arrays[name] for name in schema.names], schema=schema)
+
+
+def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
+    try:
+        return pa.array(values, type=field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+        for r, v in enumerate(values):
+            try:
+                pa.array([v], type=field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
+                raise InvalidArgument(
+                    f"{what}: column {field.name!r} row {r}: value {v!r} is not a {field.type}"
+                ) from None
+        raise
+
+
+def _check_columns(names: Iterable[str], schema: pa.Schema, what: str) -> None:
+    names = list(names)
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise InvalidArgument(f"{what}: column {name!r} given twice")
+        seen.add(name)
+        if schema.get_field_index(name) < 0:
+            raise InvalidArgument(f"{what}: unknown column {name!r} (columns are {', '.join(schema.names)})")
+    missing = [n for n in schema.names if n not in seen]
+    if missing:
+        raise InvalidArgument(f"{what}: missing column(s) {', '.join(map(repr, missing))}")
+
+
+def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
+    """`table` cast to `schema` (columns matched by name, any order).
+
+    Safe casts only: a value that does not fit its column type is InvalidArgument
+    naming the column and the first offending row.
+    """
+    _check_columns(table.column_names, schema, what)
+    arrays = []
+    for field in schema:
+        col = table.column(field.name)
+        if col.type == field.type:
+            arrays.append(col)
+            continue
+        try:
+            arrays.append(col.cast(field.type, safe=True))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            values = col.to_pylist()
+            for r, v in enumerate(values):
+                try:
+                    pa.array([v], type=col.type).cast(field.type, safe=True)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                    raise InvalidArgument(
+                        f"{what}: column {field.name!r} row {r}: value {v!r} of type "
+                        f"{col.type} cannot be stored as {field.type}"
+                    ) from None
+            raise InvalidArgument(
+                f"{what}: column {field.name!r} of type {col.type} cannot be stored as {field.type}"
+            ) from None
+    return pa.table(arrays, schema=schema)
+
+
+def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
+    """The relation in a RowData, conformed to `schema`."""
+    fmt = data.WhichOneof("format")
+    if fmt == "arrow_ipc":
+        return conform(ipc_to_table(data.arrow_ipc, what), schema, what)
+    if fmt == "rows":
+        return rows_to_table(data.rows, schema, what)
+    raise InvalidArgument(f"{what}: no rows: set data.arrow_ipc or data.rows")
+
+
+def encode_rowdata(table: pa.Table, arrow: bool = True) -> pb.RowData:
+    return pb.RowData(arrow_ipc=table_to_ipc(table)) if arrow else pb.RowData(rows=table_to_rows(table))
