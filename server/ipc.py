@@ -51,6 +51,12 @@ class SocketFrames:
 
     def read(self) -> Frame | None:
         """The next frame, or None at end of stream (the front went away)."""
+        try:
+            return self._read()
+        except (ConnectionError, OSError, ValueError):
+            return None
+
+    def _read(self) -> Frame | None:
         prefix = self._file.read(_PREFIX.size)
         if len(prefix) < _PREFIX.size:
             return None

@@ -79,17 +79,13 @@ class ProcedureLoader:
             module = self._import(module_name, parts, ref)
         fn = getattr(module, func_name, None)
         if fn is None or not getattr(fn, "streamtx_procedure", False):
-            raise NotFound(
-                f"python procedure {ref!r}: {module_name} has no function {func_name!r} marked @procedure"
-            )
+            raise NotFound(f"python procedure {ref!r}: {module_name} has no function {func_name!r} marked @procedure")
         return fn
 
     def _import(self, module_name: str, parts: list[str], ref: str) -> Any:
         path = self.root.joinpath(*parts).with_suffix(".py")
         if not path.is_file():
-            raise NotFound(
-                f"python procedure {ref!r}: no module {module_name} under the procedures path {self.root}"
-            )
+            raise NotFound(f"python procedure {ref!r}: no module {module_name} under the procedures path {self.root}")
         qualified = f"streamtx_procedures.{module_name}"
         spec = importlib.util.spec_from_file_location(qualified, path)
         assert spec and spec.loader

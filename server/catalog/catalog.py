@@ -35,6 +35,8 @@ from streamtx.server.catalog.compile import (
 from streamtx.errors import InvalidArgument
 
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
+RELATION_KINDS = ("table", "stream", "window", "index")
+CODE_KINDS = ("procedure", "trigger", "group")
 
 
 @dataclass
@@ -199,10 +201,17 @@ class Catalog:
             "group": self.groups,
         }[kind]
 
-    def kind_of(self, name: str) -> str | None:
-        for kind in KINDS:
-            if name in self._objects(kind):
-                return kind
+    def kind_of(self, name: str, kind: str | None = None) -> str | None:
+        """The kind of the object named `name` in the namespace of `kind`.
+
+        Relations (tables, streams, windows, indexes) share one namespace; code
+        (procedures, triggers, groups) another, so a procedure may share its
+        table's name (the voter's `leaderboard`).
+        """
+        space = KINDS if kind is None else (CODE_KINDS if kind in CODE_KINDS else RELATION_KINDS)
+        for k in space:
+            if name in self._objects(k):
+                return k
         return None
 
     # -------------------------------------------------------------------- deploy
@@ -244,14 +253,13 @@ class Catalog:
             dropped.append((st.kind, st.name))
             return
         kind, obj, replace, if_not_exists = _definition(st)
-        existing = self.kind_of(obj.name)
+        existing = self.kind_of(obj.name, kind)
         if existing is not None:
             if if_not_exists and existing == kind:
                 return
             if not (replace and existing == kind):
                 raise InvalidArgument(
-                    f"deploy: {line}: CREATE {kind.upper()} {obj.name}: a {existing} named "
-                    f"{obj.name!r} already exists"
+                    f"deploy: {line}: CREATE {kind.upper()} {obj.name}: a {existing} named {obj.name!r} already exists"
                 )
         self._objects(kind)[obj.name] = obj
         created.append((kind, obj.name))
@@ -290,9 +298,7 @@ class Catalog:
         for group in self.groups.values():
             for p in group.procedures:
                 if p not in self.procedures:
-                    raise InvalidArgument(
-                        f"deploy: transaction group {group.name!r} names unknown procedure {p!r}"
-                    )
+                    raise InvalidArgument(f"deploy: transaction group {group.name!r} names unknown procedure {p!r}")
 
     def scratch_database(self) -> duckdb.DuckDBPyConnection:
         """An empty in-memory database with this catalog's physical schema."""
@@ -323,21 +329,35 @@ class Catalog:
             names = [c for c, _ in stream.columns]
             if stream.partition_by and stream.partition_by not in names:
                 raise InvalidArgument(
-                    f"deploy: stream {stream.name!r}: PARTITION BY column "
-                    f"{stream.partition_by!r} does not exist"
+                    f"deploy: stream {stream.name!r}: PARTITION BY column {stream.partition_by!r} does not exist"
                 )
             if "batch_id" in names:
                 raise InvalidArgument(f"deploy: stream {stream.name!r}: column name 'batch_id' is reserved")
 
     def _derive_windows(self) -> None:
+        """Each window belongs to one procedure: the consumer of its stream that uses it.
+
+        The owner's TEs feed the window with their input batch and are the only
+        code (with the window's EE triggers) that may read it.
+        """
+        self.window_owner = {}
         for w in self.windows.values():
             if w.stream not in self.streams:
                 raise InvalidArgument(f"deploy: window {w.name!r} is on unknown stream {w.stream!r}")
             if w.kind == "range" and "ts" not in dict(self.streams[w.stream].columns):
                 raise InvalidArgument(
-                    f"deploy: window {w.name!r}: RANGE windows need a 'ts BIGINT' column on "
-                    f"stream {w.stream!r}"
+                    f"deploy: window {w.name!r}: RANGE windows need a 'ts BIGINT' column on stream {w.stream!r}"
                 )
+            consumers = sorted(p.name for p in self.procedures.values() if p.on_stream == w.stream)
+            if len(consumers) > 1:
+                consumers = [p for p in consumers if any(_mentions(st, w.name) for st in self.procedures[p].body)]
+            if len(consumers) != 1:
+                why = "no procedure consumes it" if not consumers else f"{', '.join(consumers)} all use it"
+                raise InvalidArgument(
+                    f"deploy: window {w.name!r} on stream {w.stream!r} needs exactly one owner, the "
+                    f"procedure ON STREAM {w.stream} that uses it; {why}"
+                )
+            self.window_owner[w.name] = consumers[0]
 
     def _scope(self, owner: str, input_stream: str | None, owned: set[str], params: set[str]) -> Scope:
         return Scope(
@@ -350,13 +370,8 @@ class Catalog:
             params=frozenset(params),
         )
 
-    def _owned_windows(self, proc: ProcedureDef) -> set[str]:
-        owned = set()
-        for w in self.windows.values():
-            mentioned = any(_mentions(stmt, w.name) for stmt in proc.body)
-            if mentioned and proc.on_stream == w.stream:
-                owned.add(w.name)
-        return owned
+    def owned_windows(self, procedure: str) -> list[str]:
+        return sorted(w for w, owner in self.window_owner.items() if owner == procedure)
 
     def _plan_procedure(
         self,
@@ -369,14 +384,13 @@ class Catalog:
             raise InvalidArgument(f"deploy: {what} is ON STREAM {proc.on_stream!r}, which does not exist")
         if proc.on_stream is not None and proc.params:
             raise InvalidArgument(
-                f"deploy: {what}: a procedure ON STREAM takes its input from the stream; it "
-                "cannot declare parameters"
+                f"deploy: {what}: a procedure ON STREAM takes its input from the stream; it cannot declare parameters"
             )
         names = [p for p, _ in proc.params]
+        if BATCH_PARAM in names:
+            raise InvalidArgument(f"deploy: {what}: parameter name ${BATCH_PARAM} is reserved (the running batch id)")
         if proc.partition_on is not None and proc.partition_on not in names:
-            raise InvalidArgument(
-                f"deploy: {what}: PARTITION ON {proc.partition_on!r} is not one of its parameters"
-            )
+            raise InvalidArgument(f"deploy: {what}: PARTITION ON {proc.partition_on!r} is not one of its parameters")
         if proc.python is not None:
             emits: frozenset[str] = frozenset()
             if resolve_python is not None:
@@ -386,16 +400,11 @@ class Catalog:
                     if s not in self.streams:
                         raise InvalidArgument(f"deploy: {what} ({proc.python}) emits unknown stream {s!r}")
             return Plan([], emits)
-        owned = self._owned_windows(proc)
-        for w in owned:
-            self.window_owner[w] = proc.name
-        scope = self._scope(f"procedure {proc.name}", proc.on_stream, owned, set(names))
+        scope = self._scope(f"procedure {proc.name}", proc.on_stream, set(self.owned_windows(proc.name)), set(names))
         statements = []
         for sql, line in zip(proc.body, proc.body_lines or [0] * len(proc.body), strict=False):
             compiled = compile_statement(sql, scope, line)
-            self._bind_check(
-                con, compiled, dict(proc.params), proc.on_stream, f"deploy: {what} (line {line})"
-            )
+            self._bind_check(con, compiled, dict(proc.params), proc.on_stream, f"deploy: {what} (line {line})")
             statements.append(compiled)
         return Plan(statements, frozenset(s.emits for s in statements if s.emits))
 
@@ -409,11 +418,8 @@ class Catalog:
             scope = self._scope(f"trigger {trig.name}", trig.target, set(), set())
             stream = trig.target
         else:
-            owner = self.window_owner.get(trig.target)
             scope = self._scope(f"trigger {trig.name}", None, {trig.target}, set())
             stream = None
-            if owner is None:
-                self.window_owner[trig.target] = ""
         statements = []
         for sql, line in zip(trig.body, trig.body_lines or [0] * len(trig.body), strict=False):
             compiled = compile_statement(sql, scope, line)
@@ -429,11 +435,10 @@ class Catalog:
         input_stream: str | None,
         what: str,
     ) -> None:
-        """Runs the statement on the empty scratch database, then rolls back.
+        """Binds the statement (EXPLAIN) on the empty scratch database.
 
-        DuckDB's binder reports unknown columns, type mismatches and functions
-        with the statement's own wording; executing on empty tables also
-        exercises casts without touching any data.
+        DuckDB's binder reports unknown tables and columns, type mismatches and
+        unknown functions in its own words; nothing is executed.
         """
         if input_stream is not None:
             cols = ", ".join(quote(c) for c, _ in self.streams[input_stream].columns)
@@ -441,20 +446,15 @@ class Catalog:
                 f"CREATE OR REPLACE TEMP VIEW {quote(batch_relation(input_stream))} AS "
                 f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(input_stream)} WHERE false"
             )
-        params = {}
-        for p in compiled.params:
-            params[p] = 0 if p == BATCH_PARAM else None
         sql = compiled.sql
         for p in compiled.params:
             if p in param_types:
                 sql = sql.replace(f"${p}", f"CAST(${p} AS {param_types[p]})")
-        con.execute("BEGIN")
+        params = {p: (0 if p == BATCH_PARAM else None) for p in compiled.params}
         try:
-            con.execute(sql, params)
+            con.execute("EXPLAIN " + sql, params)
         except duckdb.Error as e:
             raise InvalidArgument(f"{what}: {_duck_message(e)}: {compiled.source!r}") from None
-        finally:
-            con.execute("ROLLBACK")
 
     def _derive_graph(self) -> None:
         self.consumers = {s: [] for s in self.streams}
@@ -559,8 +559,7 @@ def _create_object(cat: Catalog, kind: str, name: str) -> list[PhysicalStatement
             ),
             PhysicalStatement(
                 what,
-                f"CREATE VIEW {quote(name)} AS SELECT {names} FROM {WINDOW_SCHEMA}.{quote(name)} "
-                "WHERE NOT __staged",
+                f"CREATE VIEW {quote(name)} AS SELECT {names} FROM {WINDOW_SCHEMA}.{quote(name)} WHERE NOT __staged",
             ),
         ]
     if kind == "index":

@@ -9,7 +9,7 @@ statement is parsed or rewritten on the hot path:
 - a read of the input stream `s` reads `__batch__s`, the Arrow relation the
   engine registers for the TE;
 - `INSERT INTO t ...` on a stream becomes an insert into `streams.t` stamped
-  with `$__batch` that RETURNs the emitted tuples, so the engine has them for
+  with `$batch_id` that RETURNs the emitted tuples, so the engine has them for
   EE triggers and downstream TEs without another statement;
 - every other name must be a table, an owned window, or a CTE.
 """
@@ -24,7 +24,7 @@ from sqlglot.errors import ParseError
 
 from streamtx.errors import InvalidArgument
 
-BATCH_PARAM = "__batch"
+BATCH_PARAM = "batch_id"  # `$batch_id`: the batch id (timestamp) of the running TE
 STREAM_SCHEMA = "streams"
 WINDOW_SCHEMA = "windows"
 SYSTEM_SCHEMA = "streamtx"

@@ -125,14 +125,7 @@ class Drop:
 
 
 Statement = (
-    CreateTable
-    | CreateStream
-    | CreateWindow
-    | CreateProcedure
-    | CreateTrigger
-    | CreateIndex
-    | CreateGroup
-    | Drop
+    CreateTable | CreateStream | CreateWindow | CreateProcedure | CreateTrigger | CreateIndex | CreateGroup | Drop
 )
 
 
@@ -302,9 +295,7 @@ class _Raw:
     body: tuple[tuple[str, int], ...] = ()
 
 
-_UNSUPPORTED_TAIL = (
-    "a deploy script holds CREATE/DROP of tables, streams, windows, procedures, triggers and indexes"
-)
+_UNSUPPORTED_TAIL = "a deploy script holds CREATE/DROP of tables, streams, windows, procedures, triggers and indexes"
 
 
 def _describe(toks: list[_Tok]) -> str:
@@ -381,8 +372,7 @@ def _scan_body(
             cases.pop()
         elif word == "BEGIN":
             raise DdlError(
-                f"{what}: nested BEGIN at line {tok.line} is not allowed; "
-                "a body is a single BEGIN ... END block",
+                f"{what}: nested BEGIN at line {tok.line} is not allowed; a body is a single BEGIN ... END block",
                 tok.line,
                 tok.col,
             )
@@ -588,10 +578,7 @@ def _type_sql(toks: list[_Tok]) -> str:
     prev: _Tok | None = None
     for tok in toks:
         is_field = (
-            bool(struct_parens)
-            and struct_parens[-1]
-            and prev is not None
-            and (prev.is_op("(") or prev.is_op(","))
+            bool(struct_parens) and struct_parens[-1] and prev is not None and (prev.is_op("(") or prev.is_op(","))
         )
         piece = tok.text.upper() if tok.kind == "word" and not is_field else tok.text
         if (

@@ -55,12 +55,8 @@ class Front:
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise SystemExit(
-                f"streamtx: data directory {self.data_dir} is in use by another server"
-            ) from None
-        self.catalog = await asyncio.to_thread(
-            Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve
-        )
+            raise SystemExit(f"streamtx: data directory {self.data_dir} is in use by another server") from None
+        self.catalog = await asyncio.to_thread(Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve)
         await self.partitions.start()
         ddl = [s.sql for s in create_statements(self.catalog)]
         await self.partitions.broadcast({"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl})
@@ -76,9 +72,7 @@ class Front:
     # ------------------------------------------------------------------ deploy
     async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         async with self._deploy_lock:
-            new, created, dropped, ddl = await asyncio.to_thread(
-                self.catalog.deploy, script, self.loader.resolve
-            )
+            new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
             await self.partitions.broadcast({"op": "install", "catalog": new.to_json(), "ddl": ddl})
             await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
             self.catalog = new
@@ -97,8 +91,7 @@ class Front:
         if not self.catalog.is_border(stream):
             writers = self.catalog.producers_of.get(stream) or ["an EE trigger"]
             raise FailedPrecondition(
-                f"push: stream {stream!r} is the output of {', '.join(writers)}; producers push "
-                "to border streams only"
+                f"push: stream {stream!r} is the output of {', '.join(writers)}; producers push to border streams only"
             )
         if not producer:
             raise InvalidArgument(f"push to {stream!r}: producer_id is empty")
@@ -124,9 +117,7 @@ class Front:
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
-    def _dispatch_push(
-        self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table
-    ) -> asyncio.Future:
+    def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
         header = {
             "op": "push",
             "stream": stream,
@@ -164,23 +155,18 @@ class Front:
             raise NotFound(f"call: unknown procedure {procedure!r} (procedures: {known})")
         if proc.on_stream is not None:
             raise FailedPrecondition(
-                f"call: procedure {procedure!r} runs ON STREAM {proc.on_stream}; push batches to "
-                "the stream instead"
+                f"call: procedure {procedure!r} runs ON STREAM {proc.on_stream}; push batches to the stream instead"
             )
         declared = dict(proc.params)
         unknown = sorted(set(params) - set(declared))
         if unknown:
             raise InvalidArgument(
-                f"call {procedure}: unknown parameter {unknown[0]!r} (parameters: "
-                f"{', '.join(declared) or 'none'})"
+                f"call {procedure}: unknown parameter {unknown[0]!r} (parameters: {', '.join(declared) or 'none'})"
             )
         missing = [p for p in declared if p not in params]
         if missing:
             raise InvalidArgument(f"call {procedure}: missing parameter {missing[0]!r}")
-        bound = {
-            name: _coerce_param(self.parser, procedure, name, declared[name], params[name])
-            for name in declared
-        }
+        bound = {name: _coerce_param(self.parser, procedure, name, declared[name], params[name]) for name in declared}
         ts = self.sequencer.next_ts()
         fut = self.partitions[0].send({"op": "call", "procedure": procedure, "params": bound, "ts": ts})
         reply, results = checked(await fut)
@@ -207,9 +193,7 @@ class Front:
                 "are garbage collected once consumed. Subscribe to a stream no procedure consumes"
             )
 
-    async def read_stream(
-        self, stream: str, from_batch: int, max_batches: int = 64
-    ) -> list[tuple[int, pa.Table]]:
+    async def read_stream(self, stream: str, from_batch: int, max_batches: int = 64) -> list[tuple[int, pa.Table]]:
         reply, tables = await self.partitions[0].request(
             {
                 "op": "read_stream",
@@ -264,14 +248,11 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     kind = statements[0].type
     if kind != duckdb.StatementType.SELECT:
         raise InvalidArgument(
-            f"query: {kind.name} is not allowed; Query is read-only (SELECT only). Use Call for "
-            "writes, Deploy for DDL"
+            f"query: {kind.name} is not allowed; Query is read-only (SELECT only). Use Call for writes, Deploy for DDL"
         )
 
 
-def _coerce_param(
-    con: duckdb.DuckDBPyConnection, procedure: str, name: str, type_sql: str, value: Any
-) -> Any:
+def _coerce_param(con: duckdb.DuckDBPyConnection, procedure: str, name: str, type_sql: str, value: Any) -> Any:
     """Checks a call parameter against its declared DuckDB type (cast by DuckDB itself)."""
     if value is None:
         return None

@@ -1,20 +1,24 @@
 """The streaming scheduler of a partition: border TEs, then PE-triggered TEs.
 
-For one atomic batch, `run_push` executes the border TE(s) of the batch's
-stream and then every TE its outputs trigger, in the topological order of the
-dataflow graph, before the partition takes its next command. Hence, per batch,
-the graph order holds; across batches, batch order holds (commands arrive in
-timestamp order); OLTP calls interleave between batches.
+For one atomic batch, `run_push` executes the border TE of the batch's stream
+and then every TE its outputs trigger, choosing each time among the ready TEs
+by the graph's topological rank, before the partition takes its next command.
+Hence, per batch, the TEs run in a topological order of the graph; across
+batches, batch order holds (commands arrive in timestamp order); OLTP calls
+interleave between batches.
 
-Each TE is its own DuckDB transaction. An aborted TE is undone and reported;
-the dataflow goes on with the next TE or batch. Stream tuples are stored only
-while some TE still has to consume them (or, for a stream nothing consumes,
-for subscribers up to the retention).
+Each TE is its own DuckDB transaction, except that the TEs of a transaction
+group (S-Store's nested transactions) share one: nothing outside the group
+sees the state between them, and if one aborts the whole group is undone.
+An aborted TE (or group) is reported and the dataflow goes on.
+
+Stream tuples are stored only while some TE still has to consume them; the
+last consumer deletes them in its own transaction. A stream nothing consumes
+keeps its batches for subscribers, up to the retention.
 """
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +27,7 @@ from streamtx.server.catalog.compile import BATCH_PARAM, STREAM_SCHEMA, batch_re
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.transaction import Transaction
 
-from streamtx.errors import Aborted, NotFound, StreamTxError
+from streamtx.errors import NotFound, StreamTxError
 
 
 @dataclass
@@ -52,6 +56,24 @@ class Outcome:
         }
 
 
+@dataclass
+class _TE:
+    """A ready TE: `procedure` (None: no consumer, a plain append) over `stream`'s batch."""
+
+    procedure: str | None
+    stream: str | None
+    group: str | None
+    border: bool = False
+    origin_group: str | None = None  # the open group whose TE emitted its input, if any
+
+
+@dataclass
+class _Border:
+    producer: str
+    batch_id: int
+    store: bool
+
+
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -69,38 +91,21 @@ class Dataflow:
         eng.last_ts = max(eng.last_ts, ts)
         consumers = cat.consumers.get(stream, [])
         first = consumers[0] if consumers else None
-        out = Outcome("committed", ts)
-        tx = Transaction(eng, first, ts, stream, batch)
-        eng.con.execute("BEGIN")
-        try:
-            tx.register_input()
-            if len(consumers) != 1:
-                self._store(stream, ts, batch)
-            tx.fire_stream_triggers(stream, batch)
-            if first is not None:
-                self._run_body(tx, first)
-            eng.record_mark(producer, stream, batch_id, ts)
-            eng.con.execute("COMMIT")
-        except StreamTxError as e:
-            eng.con.execute("ROLLBACK")
-            tx.close()
-            eng.record_rejection(producer, stream, batch_id, ts, e.code.value[0], e.message)
+        run = _Run(self, ts, {stream: batch})
+        run.remaining[stream] = len(consumers)
+        run.border = _Border(producer, batch_id, store=len(consumers) != 1)
+        run.pending.append(_TE(first, stream, cat.group_of(first) if first else None, border=True))
+        run.execute()
+        out = run.out
+        if out.outcome == "rejected":
             eng.counters["rejected"] += 1
-            return Outcome("rejected", ts, e.code.value[0], e.message)
-        tx.close()
+            return out
         eng.marks[(producer, stream)] = batch_id
         eng.counters["committed"] += 1
         eng.counters["rows"] += batch.num_rows
-        out.tes += 1
         if not consumers:
             eng.retain(stream, ts)
             out.emitted.add(stream)
-        pending: list[tuple[int, str, str]] = []
-        for proc in consumers[1:]:
-            heapq.heappush(pending, (cat.topo_rank.get(proc, 0), proc, stream))
-        inputs = {stream: batch}
-        self._absorb(tx, inputs, pending, out)
-        self._run_pending(pending, inputs, ts, out)
         return out
 
     def run_call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[Outcome, list[pa.Table]]:
@@ -108,91 +113,170 @@ class Dataflow:
         if procedure not in eng.catalog.procedures:
             raise NotFound(f"unknown procedure {procedure!r}")
         eng.last_ts = max(eng.last_ts, ts)
-        tx = Transaction(eng, procedure, ts, params=params)
-        out = Outcome("committed", ts)
-        eng.con.execute("BEGIN")
-        try:
-            self._run_body(tx, procedure)
-            eng.con.execute("COMMIT")
-        except StreamTxError:
-            eng.con.execute("ROLLBACK")
-            tx.close()
+        run = _Run(self, ts, {})
+        run.call_params = params
+        run.pending.append(_TE(procedure, None, eng.catalog.group_of(procedure)))
+        run.execute()
+        if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
-            raise
-        tx.close()
+            raise run.call_error
         eng.counters["calls"] += 1
-        out.tes += 1
-        pending: list[tuple[int, str, str]] = []
-        inputs: dict[str, pa.Table] = {}
-        self._absorb(tx, inputs, pending, out)
-        self._run_pending(pending, inputs, ts, out)
-        return out, tx.results
+        return run.out, run.results
 
     # ------------------------------------------------------------- internals
-    def _run_body(self, tx: Transaction, procedure: str) -> None:
-        proc = self.engine.catalog.procedures[procedure]
+    def run_body(self, tx: Transaction, procedure: str) -> None:
+        """Feeds the procedure's windows with its input, then runs its code."""
+        cat = self.engine.catalog
+        proc = cat.procedures[procedure]
+        if tx.input_stream is not None and tx.batch is not None:
+            for window in cat.owned_windows(procedure):
+                self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
         if proc.python is not None:
             tx.run_python(self.engine.loader.resolve(proc.python))
         else:
-            tx.run_plan(self.engine.catalog.plans[procedure].statements)
+            tx.run_plan(cat.plans[procedure].statements)
 
-    def _store(self, stream: str, ts: int, batch: pa.Table) -> None:
-        self.engine.con.execute(
-            f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} SELECT *, ${BATCH_PARAM} "
-            f"FROM {quote(batch_relation(stream))}",
-            {BATCH_PARAM: ts},
-        )
 
-    def _absorb(self, tx: Transaction, inputs: dict[str, pa.Table], pending: list, out: Outcome) -> None:
-        """Schedules the consumers of the streams a committed TE emitted on (PE triggers)."""
-        cat = self.engine.catalog
-        for stream, parts in tx.emitted.items():
-            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            prior = inputs.get(stream)
-            inputs[stream] = rows if prior is None or prior is tx.batch else pa.concat_tables([prior, rows])
-            consumers = cat.consumers.get(stream, [])
-            if not consumers:
-                self.engine.retain(stream, tx.batch_id)
-                out.emitted.add(stream)
-            for proc in consumers:
-                heapq.heappush(pending, (cat.topo_rank.get(proc, 0), proc, stream))
+class _Run:
+    """The TEs one command causes, executed in a topological order of the graph."""
 
-    def _run_pending(self, pending: list, inputs: dict[str, pa.Table], ts: int, out: Outcome) -> None:
-        eng = self.engine
-        cat = eng.catalog
-        remaining = {s: len(cat.consumers.get(s, [])) for s in inputs}
-        done_first = {s for s in inputs if s in remaining and _border_done(cat, s)}
-        for s in done_first:
-            remaining[s] -= 1
-        while pending:
-            _, proc, stream = heapq.heappop(pending)
-            remaining[stream] = remaining.get(stream, len(cat.consumers.get(stream, []))) - 1
-            last = remaining[stream] <= 0
-            tx = Transaction(eng, proc, ts, stream, inputs[stream])
-            eng.con.execute("BEGIN")
+    def __init__(self, flow: Dataflow, ts: int, inputs: dict[str, pa.Table]) -> None:
+        self.flow = flow
+        self.eng = flow.engine
+        self.ts = ts
+        self.inputs = inputs
+        self.remaining: dict[str, int] = {}
+        self.pending: list[_TE] = []
+        self.out = Outcome("committed", ts)
+        self.border: _Border | None = None
+        self.call_params: dict[str, Any] | None = None
+        self.call_error: StreamTxError | None = None
+        self.results: list[pa.Table] = []
+        self._group: str | None = None  # the open transaction group
+        self._group_tes: list[tuple[_TE, Transaction]] = []
+        self._saved_windows: Any = None
+
+    def execute(self) -> None:
+        while self.pending:
+            te = self._next()
+            if self._group is not None and te.group != self._group:
+                self._commit()
+            if self._group is None:
+                self._begin(te.group)
+            tx = Transaction(
+                self.eng,
+                te.procedure,
+                self.ts,
+                te.stream,
+                self.inputs.get(te.stream) if te.stream else None,
+                self.call_params if te.stream is None else None,
+            )
             try:
-                tx.register_input()
-                self._run_body(tx, proc)
-                if last:
-                    eng.consume(stream, ts)
-                eng.con.execute("COMMIT")
+                self._run_te(te, tx)
             except StreamTxError as e:
-                eng.con.execute("ROLLBACK")
                 tx.close()
-                eng.counters["tes_aborted"] += 1
-                out.aborted_tes.append(f"{proc}: {e.message}")
-                if last:
-                    eng.consume(stream, ts)
+                self._abort(te, e)
                 continue
             tx.close()
-            eng.counters["tes"] += 1
-            out.tes += 1
-            self._absorb(tx, inputs, pending, out)
+            self.out.tes += 1
+            if te.procedure is not None and te.stream is None:
+                self.results = tx.results
+            if self._group is None:
+                self.eng.con.execute("COMMIT")
+                self._absorb(tx, None)
+            else:
+                self._group_tes.append((te, tx))
+                self._absorb(tx, self._group)
+        if self._group is not None:
+            self._commit()
 
+    def _next(self) -> _TE:
+        """The ready TE to run next: a member of the open group first, else by topological rank."""
+        rank = self.eng.catalog.topo_rank
+        candidates = [t for t in self.pending if self._group is not None and t.group == self._group]
+        pool = candidates or self.pending
+        best = min(pool, key=lambda t: (rank.get(t.procedure or "", -1), t.procedure or ""))
+        self.pending.remove(best)
+        return best
 
-def _border_done(cat: Any, stream: str) -> bool:
-    """Whether the first consumer of a pushed stream already ran inside the border TE."""
-    return cat.is_border(stream) and bool(cat.consumers.get(stream))
+    def _begin(self, group: str | None) -> None:
+        self.eng.con.execute("BEGIN")
+        self._saved_windows = self.eng.windows.snapshot()
+        self._group = group
+        self._group_tes = []
 
+    def _commit(self) -> None:
+        self.eng.con.execute("COMMIT")
+        self._group = None
+        self._group_tes = []
 
-__all__ = ["Dataflow", "Outcome", "Aborted"]
+    def _run_te(self, te: _TE, tx: Transaction) -> None:
+        eng = self.eng
+        tx.register_input()
+        if te.border:
+            assert self.border is not None and te.stream is not None
+            if self.border.store:
+                eng.con.execute(
+                    f"INSERT INTO {STREAM_SCHEMA}.{quote(te.stream)} SELECT *, ${BATCH_PARAM} "
+                    f"FROM {quote(batch_relation(te.stream))}",
+                    {BATCH_PARAM: self.ts},
+                )
+            tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
+        if te.procedure is not None:
+            self.flow.run_body(tx, te.procedure)
+        if te.stream is not None and te.procedure is not None:
+            self.remaining[te.stream] -= 1
+            if self.remaining[te.stream] == 0 and not (te.border and not self.border.store):
+                eng.consume(te.stream, self.ts)
+        if te.border:
+            eng.record_mark(self.border.producer, te.stream, self.border.batch_id, self.ts)
+
+    def _abort(self, te: _TE, error: StreamTxError) -> None:
+        """Undoes the open transaction (the TE, or its whole group) and reports it."""
+        eng = self.eng
+        eng.con.execute("ROLLBACK")
+        eng.windows.restore(self._saved_windows)
+        group = self._group
+        undone = [t for t, _ in self._group_tes] + [te]
+        self._group = None
+        self._group_tes = []
+        if te.stream is not None and te.procedure is not None:
+            self.remaining[te.stream] -= 1
+        if group is not None:
+            self.pending = [t for t in self.pending if t.origin_group != group]
+        code = error.code.value[0]
+        reason = error.message if group is None else f"transaction group {group} undone: {error.message}"
+        if any(t.border for t in undone):
+            assert self.border is not None and undone[0].stream is not None
+            self.out = Outcome("rejected", self.ts, code, reason)
+            eng.record_rejection(self.border.producer, undone[0].stream, self.border.batch_id, self.ts, code, reason)
+            self.pending = []
+            return
+        if self.call_params is not None and any(t.stream is None for t in undone):
+            self.call_error = error
+            self.pending = []
+            return
+        eng.counters["tes_aborted"] += 1
+        self.out.aborted_tes.append(f"{te.procedure}: {reason}")
+        for t in undone:  # their inputs count as consumed all the same: the dataflow moves on
+            emitted_inside = group is not None and t.origin_group == group
+            if t.stream is not None and not emitted_inside and self.remaining.get(t.stream) == 0:
+                eng.consume(t.stream, self.ts)
+
+    def _absorb(self, tx: Transaction, group: str | None) -> None:
+        """Schedules the consumers of the streams a TE emitted on (PE triggers)."""
+        cat = self.eng.catalog
+        for stream, parts in tx.emitted.items():
+            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            prior = self.inputs.get(stream)
+            self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
+            consumers = cat.consumers.get(stream, [])
+            if not consumers:
+                self.eng.retain(stream, self.ts)
+                self.out.emitted.add(stream)
+                continue
+            if stream in self.remaining and prior is not None:
+                continue  # already scheduled; they will read the grown batch
+            self.remaining[stream] = len(consumers)
+            for proc in consumers:
+                self.pending.append(_TE(proc, stream, cat.group_of(proc), origin_group=group))

@@ -21,14 +21,17 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, Compiled, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.partition.transaction import compile_python_sql, error_text
+from streamtx.server.partition.windows import Windows
 from streamtx.server.pyproc import ProcedureLoader
 
 from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 
 SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",
+    f"CREATE SCHEMA IF NOT EXISTS {STREAM_SCHEMA}",
+    f"CREATE SCHEMA IF NOT EXISTS {WINDOW_SCHEMA}",
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.producers (producer_id VARCHAR, stream VARCHAR, "
     "last_batch_id BIGINT NOT NULL, last_ts BIGINT NOT NULL, PRIMARY KEY (producer_id, stream))",
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.rejections (producer_id VARCHAR, stream VARCHAR, "
@@ -50,6 +53,7 @@ class Engine:
         self.trimmed_through: dict[str, int] = {}
         self.last_ts = 0
         self.counters: collections.Counter[str] = collections.Counter()
+        self.windows = Windows(self)
 
     # ---------------------------------------------------------------- catalog
     def install(self, catalog_json: str, ddl: list[str]) -> None:
@@ -65,6 +69,7 @@ class Engine:
         self.con.execute("COMMIT")
         self.catalog = catalog
         self.compile_for.cache_clear()
+        self.windows.load()
         for stream in list(self.retained):
             if stream not in catalog.streams:
                 del self.retained[stream]
@@ -97,9 +102,7 @@ class Engine:
             {"p": producer, "s": stream, "b": batch_id, "ts": ts},
         )
 
-    def record_rejection(
-        self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str
-    ) -> None:
+    def record_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         self.con.execute("BEGIN")
         self.record_mark(producer, stream, batch_id, ts)
         self.con.execute(

@@ -86,7 +86,7 @@ class Transaction:
         self.con.register(name, table)
         try:
             cols = ", ".join(quote(c) for c in table.column_names)
-            self._execute(
+            self.execute(
                 f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
                 f"SELECT *, ${BATCH_PARAM} FROM {quote(name)}",
                 {BATCH_PARAM: self.batch_id},
@@ -114,6 +114,10 @@ class Transaction:
         elif result is not None:
             self.results.append(_as_table(result))
 
+    def run_compiled(self, compiled: Compiled) -> None:
+        """Runs one compiled statement of an EE trigger (no parameters but the batch id)."""
+        self._run(compiled, {})
+
     def register_input(self) -> None:
         if self.input_stream is not None and self.batch is not None:
             self._register(batch_relation(self.input_stream), self.batch)
@@ -138,7 +142,7 @@ class Transaction:
         try:
             for name in names:
                 for compiled in self.engine.catalog.trigger_plans[name].statements:
-                    self._run(compiled, {})
+                    self.run_compiled(compiled)
         finally:
             self._depth -= 1
 
@@ -147,7 +151,7 @@ class Transaction:
         bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
         if BATCH_PARAM in compiled.params:
             bound[BATCH_PARAM] = self.batch_id
-        cursor = self._execute(compiled.sql, bound)
+        cursor = self.execute(compiled.sql, bound)
         if compiled.emits:
             rows = cursor.to_arrow_table()
             if rows.num_rows:
@@ -157,7 +161,7 @@ class Transaction:
             return cursor.to_arrow_table()
         return None
 
-    def _execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
+    def execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
         self.statements += 1
         try:
             return self.con.execute(sql, params)
@@ -201,7 +205,7 @@ def compile_python_sql(engine: Engine, procedure: str, sql: str) -> Compiled:
     scope = engine.catalog._scope(
         f"procedure {procedure}",
         proc.on_stream,
-        {w for w, owner in engine.catalog.window_owner.items() if owner == procedure},
+        set(engine.catalog.owned_windows(procedure)),
         {p for p, _ in proc.params} | _free_params(sql),
     )
     return compile_statement(sql, scope)

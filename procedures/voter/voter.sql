@@ -1,0 +1,137 @@
+-- Voter with leaderboards (S-Store paper, section 4.1; ../shared/WORKLOADS.md section 1).
+--
+-- Dataflow, for every atomic batch of votes:
+--   votes_in --vote--> validated --leaderboard--> to_delete --delete_contestant--> deletions
+-- The trending leaderboard is kept by an EE trigger on the window `trending`.
+-- Within a batch, votes are taken in vote_id order. `{window}`, `{slide}` are
+-- filled in by procedures/voter/app.py.
+
+CREATE TABLE contestants (
+    contestant_number INTEGER PRIMARY KEY,
+    contestant_name VARCHAR NOT NULL
+);
+CREATE TABLE area_code_state (area_code INTEGER PRIMARY KEY, state VARCHAR NOT NULL);
+CREATE TABLE votes (
+    vote_id BIGINT PRIMARY KEY,
+    phone_number BIGINT NOT NULL,
+    state VARCHAR NOT NULL,
+    contestant_number INTEGER NOT NULL,
+    created BIGINT NOT NULL            -- the batch id that took the vote
+) PARTITION BY (phone_number);
+CREATE TABLE phone_votes (phone_number BIGINT PRIMARY KEY, num_votes BIGINT NOT NULL) PARTITION BY (phone_number);
+CREATE TABLE contestant_votes (contestant_number INTEGER PRIMARY KEY, num_votes BIGINT NOT NULL);
+CREATE TABLE leaderboard (
+    board VARCHAR NOT NULL,            -- top | bottom | trending
+    rank INTEGER NOT NULL,
+    contestant_number INTEGER NOT NULL,
+    num_votes BIGINT NOT NULL,
+    PRIMARY KEY (board, rank)
+);
+CREATE TABLE vote_counter (id INTEGER PRIMARY KEY, total BIGINT NOT NULL);
+CREATE TABLE voter_config (id INTEGER PRIMARY KEY, max_votes INTEGER NOT NULL, delete_every BIGINT NOT NULL);
+
+CREATE STREAM votes_in (vote_id BIGINT, phone_number BIGINT, contestant_number INTEGER) PARTITION BY (phone_number);
+CREATE STREAM validated (vote_id BIGINT, phone_number BIGINT, state VARCHAR, contestant_number INTEGER);
+CREATE STREAM rejected_votes (vote_id BIGINT, reason VARCHAR);
+CREATE STREAM to_delete (contestant_number INTEGER);
+CREATE STREAM deletions (contestant_number INTEGER, removed_votes BIGINT);
+CREATE WINDOW trending ON validated ROWS {window} SLIDE {slide};
+
+CREATE PROCEDURE setup (num_contestants INTEGER, max_votes INTEGER, delete_every BIGINT) AS BEGIN
+    INSERT INTO contestants
+        SELECT i, 'Contestant ' || i FROM range(1, $num_contestants + 1) t(i);
+    INSERT INTO area_code_state
+        SELECT 200 + i, ['AL','AK','AZ','AR','CA','CO','CT','DE','FL','GA','HI','ID','IL','IN','IA','KS',
+                         'KY','LA','ME','MD','MA','MI','MN','MS','MO','MT','NE','NV','NH','NJ','NM','NY',
+                         'NC','ND','OH','OK','OR','PA','RI','SC','SD','TN','TX','UT','VT','VA','WA','WV',
+                         'WI','WY'][i % 50 + 1]
+        FROM range(300) t(i);
+    INSERT INTO voter_config VALUES (1, $max_votes, $delete_every);
+    INSERT INTO vote_counter VALUES (1, 0);
+END;
+
+CREATE PROCEDURE vote ON STREAM votes_in AS BEGIN
+    INSERT INTO rejected_votes
+        SELECT v.vote_id, 'no such contestant' FROM votes_in v
+        WHERE v.contestant_number NOT IN (SELECT contestant_number FROM contestants);
+    WITH valid AS (
+        SELECT v.*, row_number() OVER (PARTITION BY v.phone_number ORDER BY v.vote_id) AS nth
+        FROM votes_in v JOIN contestants c ON c.contestant_number = v.contestant_number
+    ), judged AS (
+        SELECT valid.*, coalesce(p.num_votes, 0) + valid.nth
+                        <= (SELECT max_votes FROM voter_config WHERE id = 1) AS ok
+        FROM valid LEFT JOIN phone_votes p ON p.phone_number = valid.phone_number
+    )
+    INSERT INTO votes
+        SELECT j.vote_id, j.phone_number, coalesce(a.state, 'XX'), j.contestant_number, $batch_id
+        FROM judged j LEFT JOIN area_code_state a ON a.area_code = j.phone_number // 10000000
+        WHERE j.ok;
+    INSERT INTO rejected_votes
+        SELECT v.vote_id, 'vote limit reached' FROM votes_in v
+        JOIN contestants c ON c.contestant_number = v.contestant_number
+        WHERE v.vote_id NOT IN (SELECT vote_id FROM votes WHERE created = $batch_id);
+    INSERT INTO phone_votes
+        SELECT phone_number, count(*) FROM votes WHERE created = $batch_id GROUP BY phone_number
+        ON CONFLICT DO UPDATE SET num_votes = phone_votes.num_votes + excluded.num_votes;
+    INSERT INTO validated
+        SELECT vote_id, phone_number, state, contestant_number FROM votes
+        WHERE created = $batch_id ORDER BY vote_id;
+END;
+
+CREATE TRIGGER trending_board ON WINDOW trending AS BEGIN
+    DELETE FROM leaderboard WHERE board = 'trending';
+    INSERT INTO leaderboard
+        SELECT 'trending', r, contestant_number, n FROM (
+            SELECT t.contestant_number, count(*) AS n,
+                   row_number() OVER (ORDER BY count(*) DESC, t.contestant_number) AS r
+            FROM trending t JOIN contestants c ON c.contestant_number = t.contestant_number
+            GROUP BY t.contestant_number
+        ) WHERE r <= 3;
+END;
+
+CREATE PROCEDURE leaderboard ON STREAM validated AS BEGIN
+    INSERT INTO contestant_votes
+        SELECT contestant_number, count(*) FROM validated GROUP BY contestant_number
+        ON CONFLICT DO UPDATE SET num_votes = contestant_votes.num_votes + excluded.num_votes;
+    UPDATE vote_counter SET total = total + (SELECT count(*) FROM validated) WHERE id = 1;
+    DELETE FROM leaderboard WHERE board IN ('top', 'bottom');
+    INSERT INTO leaderboard
+        SELECT 'top', r, contestant_number, n FROM (
+            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
+                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0) DESC, c.contestant_number) AS r
+            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+        ) WHERE r <= 3;
+    INSERT INTO leaderboard
+        SELECT 'bottom', r, contestant_number, n FROM (
+            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
+                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0), c.contestant_number) AS r
+            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+        ) WHERE r <= 3;
+    INSERT INTO to_delete
+        SELECT contestant_number FROM (
+            SELECT c.contestant_number
+            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+            ORDER BY coalesce(v.num_votes, 0), c.contestant_number
+            LIMIT 1
+        )
+        WHERE (SELECT count(*) FROM contestants) > 1
+          AND (SELECT total FROM vote_counter WHERE id = 1) // (SELECT delete_every FROM voter_config WHERE id = 1)
+            > ((SELECT total FROM vote_counter WHERE id = 1) - (SELECT count(*) FROM validated))
+              // (SELECT delete_every FROM voter_config WHERE id = 1);
+END;
+
+CREATE PROCEDURE delete_contestant ON STREAM to_delete AS BEGIN
+    INSERT INTO deletions
+        SELECT d.contestant_number, (SELECT count(*) FROM votes v WHERE v.contestant_number = d.contestant_number)
+        FROM to_delete d;
+    UPDATE phone_votes SET num_votes = phone_votes.num_votes - d.n
+        FROM (SELECT phone_number, count(*) AS n FROM votes
+              WHERE contestant_number IN (SELECT contestant_number FROM to_delete)
+              GROUP BY phone_number) d
+        WHERE phone_votes.phone_number = d.phone_number;
+    DELETE FROM phone_votes WHERE num_votes = 0;
+    DELETE FROM votes WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
+    DELETE FROM contestant_votes WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
+    DELETE FROM leaderboard WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
+    DELETE FROM contestants WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
+END;
