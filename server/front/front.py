@@ -76,6 +76,7 @@ class Front:
             await self.partitions.broadcast({"op": "install", "catalog": new.to_json(), "ddl": ddl})
             await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
             self.catalog = new
+            self.sequencer.forget_streams(set(new.streams))
             self.counters["deploys"] += 1
             return created, dropped
 

@@ -40,6 +40,10 @@ class Sequencer:
             self.dispatched[key] = max(self.dispatched.get(key, 0), batch_id)
         self.last_ts = max(self.last_ts, last_ts)
 
+    def forget_streams(self, keep: set[str]) -> None:
+        """Drops the batch-id positions of streams that no longer exist."""
+        self.dispatched = {key: b for key, b in self.dispatched.items() if key[1] in keep}
+
     def submit(self, producer: str, stream: str, batch_id: int, dispatch: Dispatch) -> asyncio.Future:
         """Dispatches now if in order, else parks; the future resolves with the outcome."""
         key = (producer, stream)
