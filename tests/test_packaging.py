@@ -1,0 +1,35 @@
+"""The build lists every package of the tree, and the generated protocol code is current."""
+
+from __future__ import annotations
+
+import filecmp
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_package_directory_is_listed():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    mapping = config["package-dir"]
+    found = set()
+    for name, rel in mapping.items():
+        base = ROOT / rel
+        for init in base.rglob("__init__.py"):
+            if ".venv" in init.parts:
+                continue
+            parts = init.parent.relative_to(base).parts
+            found.add(".".join((name, *parts)) if parts else name)
+    assert found <= listed, f"add to [tool.setuptools] packages: {sorted(found - listed)}"
+
+
+def test_generated_protos_are_up_to_date(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "protos" / "generate.py"), str(tmp_path)], check=True)
+    committed = ROOT / "protos" / "streamtx" / "v1"
+    for generated in (tmp_path / "streamtx" / "v1").iterdir():
+        assert filecmp.cmp(generated, committed / generated.name, shallow=False), (
+            f"{generated.name} is stale: run python protos/generate.py"
+        )
