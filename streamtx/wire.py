@@ -37,7 +37,11 @@ def ipc_to_table(data: bytes, what: str = "arrow_ipc") -> pa.Table:
 
 def value_to_py(value: pb.Value) -> Any:
     kind = value.WhichOneof("kind")
-    return None if kind is None else getattr(value, kind)
+    if kind is None:
+        return None
+    if kind == "list_value":
+        return [value_to_py(v) for v in value.list_value.values]
+    return getattr(value, kind)
 
 
 def py_to_value(obj: Any) -> pb.Value:
@@ -54,8 +58,10 @@ def py_to_value(obj: Any) -> pb.Value:
         return pb.Value(string_value=obj)
     if isinstance(obj, bytes | bytearray | memoryview):
         return pb.Value(bytes_value=bytes(obj))
-    if hasattr(obj, "item"):  # numpy scalars
-        return py_to_value(obj.item())
+    if isinstance(obj, list | tuple):
+        return pb.Value(list_value=pb.ValueList(values=[py_to_value(v) for v in obj]))
+    if hasattr(obj, "tolist"):  # numpy arrays and scalars
+        return py_to_value(obj.tolist())
     raise InvalidArgument(f"cannot encode a value of type {type(obj).__name__}: {obj!r}")
 
 

@@ -22,9 +22,18 @@ class VoterConfig:
     slide: int = 1
 
 
-def deploy_script(config: VoterConfig = VoterConfig()) -> str:
-    """voter.sql with the window's size and slide filled in."""
-    text = (HERE / "voter.sql").read_text()
+MODES = ("dataflow", "client_ordered")
+
+
+def deploy_script(config: VoterConfig = VoterConfig(), mode: str = "dataflow") -> str:
+    """schema.sql plus the procedures of one mode, with the window's size and slide filled in.
+
+    `dataflow` is the S-Store way (streams, PE/EE triggers, a window);
+    `client_ordered` the H-Store way (OLTP procedures the client calls in order).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    text = (HERE / "schema.sql").read_text() + "\n" + (HERE / f"{mode}.sql").read_text()
     return text.replace("{window}", str(config.window)).replace("{slide}", str(config.slide))
 
 
@@ -33,6 +42,7 @@ def setup_params(config: VoterConfig = VoterConfig()) -> dict[str, int]:
         "num_contestants": config.contestants,
         "max_votes": config.max_votes,
         "delete_every": config.delete_every,
+        "trending_window": config.window,
     }
 
 

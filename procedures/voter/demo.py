@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
+
 from streamtx.client import Client
 from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
 from streamtx.server.embedded import EmbeddedServer

@@ -1,34 +1,8 @@
--- Voter with leaderboards (S-Store paper, section 4.1; ../shared/WORKLOADS.md section 1).
---
--- Dataflow, for every atomic batch of votes:
+-- The voter as an S-Store dataflow, for every atomic batch of votes:
 --   votes_in --vote--> validated --leaderboard--> to_delete --delete_contestant--> deletions
 -- The trending leaderboard is kept by an EE trigger on the window `trending`.
--- Within a batch, votes are taken in vote_id order. `{window}`, `{slide}` are
--- filled in by procedures/voter/app.py.
-
-CREATE TABLE contestants (
-    contestant_number INTEGER PRIMARY KEY,
-    contestant_name VARCHAR NOT NULL
-);
-CREATE TABLE area_code_state (area_code INTEGER PRIMARY KEY, state VARCHAR NOT NULL);
-CREATE TABLE votes (
-    vote_id BIGINT PRIMARY KEY,
-    phone_number BIGINT NOT NULL,
-    state VARCHAR NOT NULL,
-    contestant_number INTEGER NOT NULL,
-    created BIGINT NOT NULL            -- the batch id that took the vote
-) PARTITION BY (phone_number);
-CREATE TABLE phone_votes (phone_number BIGINT PRIMARY KEY, num_votes BIGINT NOT NULL) PARTITION BY (phone_number);
-CREATE TABLE contestant_votes (contestant_number INTEGER PRIMARY KEY, num_votes BIGINT NOT NULL);
-CREATE TABLE leaderboard (
-    board VARCHAR NOT NULL,            -- top | bottom | trending
-    rank INTEGER NOT NULL,
-    contestant_number INTEGER NOT NULL,
-    num_votes BIGINT NOT NULL,
-    PRIMARY KEY (board, rank)
-);
-CREATE TABLE vote_counter (id INTEGER PRIMARY KEY, total BIGINT NOT NULL);
-CREATE TABLE voter_config (id INTEGER PRIMARY KEY, max_votes INTEGER NOT NULL, delete_every BIGINT NOT NULL);
+-- Within a batch, votes are taken in vote_id order. `{window}` and `{slide}`
+-- are filled in by procedures/voter/app.py.
 
 CREATE STREAM votes_in (vote_id BIGINT, phone_number BIGINT, contestant_number INTEGER) PARTITION BY (phone_number);
 CREATE STREAM validated (vote_id BIGINT, phone_number BIGINT, state VARCHAR, contestant_number INTEGER);
@@ -36,19 +10,6 @@ CREATE STREAM rejected_votes (vote_id BIGINT, reason VARCHAR);
 CREATE STREAM to_delete (contestant_number INTEGER);
 CREATE STREAM deletions (contestant_number INTEGER, removed_votes BIGINT);
 CREATE WINDOW trending ON validated ROWS {window} SLIDE {slide};
-
-CREATE PROCEDURE setup (num_contestants INTEGER, max_votes INTEGER, delete_every BIGINT) AS BEGIN
-    INSERT INTO contestants
-        SELECT i, 'Contestant ' || i FROM range(1, $num_contestants + 1) t(i);
-    INSERT INTO area_code_state
-        SELECT 200 + i, ['AL','AK','AZ','AR','CA','CO','CT','DE','FL','GA','HI','ID','IL','IN','IA','KS',
-                         'KY','LA','ME','MD','MA','MI','MN','MS','MO','MT','NE','NV','NH','NJ','NM','NY',
-                         'NC','ND','OH','OK','OR','PA','RI','SC','SD','TN','TX','UT','VT','VA','WA','WV',
-                         'WI','WY'][i % 50 + 1]
-        FROM range(300) t(i);
-    INSERT INTO voter_config VALUES (1, $max_votes, $delete_every);
-    INSERT INTO vote_counter VALUES (1, 0);
-END;
 
 CREATE PROCEDURE vote ON STREAM votes_in AS BEGIN
     INSERT INTO rejected_votes
