@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.front import Front
 from streamtx.server.front.service import StreamTxService

@@ -19,6 +19,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+
+from streamtx.errors import InvalidArgument
 from streamtx.server.catalog import ddl
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
@@ -31,8 +33,6 @@ from streamtx.server.catalog.compile import (
     compile_statement,
     quote,
 )
-
-from streamtx.errors import InvalidArgument
 
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
 RELATION_KINDS = ("table", "stream", "window", "index")

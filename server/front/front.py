@@ -16,11 +16,6 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from streamtx.server.catalog.catalog import Catalog, create_statements
-from streamtx.server.config import ServerConfig
-from streamtx.server.front.partitions import Partitions, Reply, checked
-from streamtx.server.front.sequencer import Sequencer
-from streamtx.server.pyproc import ProcedureLoader
 
 from streamtx.errors import (
     FailedPrecondition,
@@ -28,6 +23,11 @@ from streamtx.errors import (
     NotFound,
     ResourceExhausted,
 )
+from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.partitions import Partitions, Reply, checked
+from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.pyproc import ProcedureLoader
 
 CATALOG_FILE = "catalog.json"
 

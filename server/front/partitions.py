@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from streamtx.server.ipc import encode, read_frame
 
 from streamtx.errors import Unavailable, error_for
+from streamtx.server.ipc import encode, read_frame
 
 Reply = tuple[dict[str, Any], list[pa.Table]]
 

@@ -15,11 +15,11 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+
+from streamtx.errors import Aborted, Internal, StreamTxError, Unauthenticated
 from streamtx.server.front.front import Front
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
-
-from streamtx.errors import Aborted, Internal, StreamTxError, Unauthenticated
 from streamtx.wire import decode_rowdata, encode_rowdata, params_from_proto
 
 OUTCOMES = {

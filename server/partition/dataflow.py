@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+
+from streamtx.errors import NotFound, StreamTxError
 from streamtx.server.catalog.compile import BATCH_PARAM, STREAM_SCHEMA, batch_relation, quote
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.transaction import Transaction
-
-from streamtx.errors import NotFound, StreamTxError
 
 
 @dataclass

@@ -20,13 +20,13 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
 from streamtx.server.pyproc import ProcedureLoader
-
-from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 
 SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",

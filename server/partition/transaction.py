@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
+
+from streamtx.errors import Aborted, InvalidArgument, StreamTxError
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
     STREAM_SCHEMA,
@@ -23,8 +25,6 @@ from streamtx.server.catalog.compile import (
     compile_statement,
     quote,
 )
-
-from streamtx.errors import Aborted, InvalidArgument, StreamTxError
 from streamtx.wire import conform
 
 if TYPE_CHECKING:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from streamtx.server.catalog.compile import SYSTEM_SCHEMA, WINDOW_SCHEMA, batch_relation, quote
 
 if TYPE_CHECKING:

@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+from streamtx.errors import Internal, StreamTxError
 from streamtx.server.ipc import Frame, SocketFrames
 from streamtx.server.partition.dataflow import Dataflow
 from streamtx.server.partition.engine import Engine
 from streamtx.server.pyproc import ProcedureLoader
-
-from streamtx.errors import Internal, StreamTxError
 
 PR_SET_PDEATHSIG = 1
 
