@@ -127,6 +127,8 @@ class Catalog:
         self.topo_rank: dict[str, int] = {}
         self.stream_schemas: dict[str, pa.Schema] = {}
         self.table_columns: dict[str, list[str]] = {}
+        self.transient: frozenset[str] = frozenset()
+        """Streams only EE triggers consume: their tuples live within the TE, never stored."""
 
     # ---------------------------------------------------------------- persistence
     def to_json(self) -> str:
@@ -282,6 +284,9 @@ class Catalog:
     # ------------------------------------------------------------------- analyze
     def analyze(self, resolve_python: PythonResolver | None = None) -> None:
         """Derives plans, the dataflow graph and schemas; validates everything."""
+        consumed = {p.on_stream for p in self.procedures.values()}
+        triggered = {t.target for t in self.triggers.values() if t.target_kind == "stream"}
+        self.transient = frozenset(triggered - consumed)
         con = self.scratch_database()
         try:
             self._derive_schemas(con)
@@ -368,6 +373,7 @@ class Catalog:
             input_stream=input_stream,
             owned_windows=frozenset(owned),
             params=frozenset(params),
+            transient=self.transient,
         )
 
     def owned_windows(self, procedure: str) -> list[str]:

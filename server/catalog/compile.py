@@ -10,7 +10,9 @@ statement is parsed or rewritten on the hot path:
   engine registers for the TE;
 - `INSERT INTO t ...` on a stream becomes an insert into `streams.t` stamped
   with `$batch_id` that RETURNs the emitted tuples, so the engine has them for
-  EE triggers and downstream TEs without another statement;
+  EE triggers and downstream TEs without another statement; on a *transient*
+  stream (one that only EE triggers consume) it becomes a plain SELECT: the
+  tuples go to the triggers and are never stored;
 - every other name must be a table, an owned window, or a CTE.
 """
 
@@ -66,6 +68,7 @@ class Scope:
     input_stream: str | None  # the stream whose batch this code reads
     owned_windows: frozenset[str]
     params: frozenset[str]
+    transient: frozenset[str] = frozenset()  # streams consumed only by EE triggers
 
 
 def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
@@ -171,6 +174,10 @@ def _compile_emit(
     ordered = ", ".join(quote(c) for c in columns)
     n = len(given)
     aliased = ", ".join(f"__c{i}" for i in range(n))
+    if stream in scope.transient:
+        renamed = ", ".join(f"__c{given.index(c)} AS {quote(c)}" for c in columns)
+        sql = f"{prefix}SELECT {renamed} FROM ({query.sql('duckdb')}) AS __q({aliased})"
+        return Compiled(sql, params, stream, False, source)
     sql = (
         f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
         f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased}) "

@@ -93,7 +93,8 @@ class Dataflow:
         first = consumers[0] if consumers else None
         run = _Run(self, ts, {stream: batch})
         run.remaining[stream] = len(consumers)
-        run.border = _Border(producer, batch_id, store=len(consumers) != 1)
+        stored = len(consumers) > 1 or (not consumers and stream not in cat.transient)
+        run.border = _Border(producer, batch_id, store=stored)
         run.pending.append(_TE(first, stream, cat.group_of(first) if first else None, border=True))
         run.execute()
         out = run.out
@@ -103,7 +104,7 @@ class Dataflow:
         eng.marks[(producer, stream)] = batch_id
         eng.counters["committed"] += 1
         eng.counters["rows"] += batch.num_rows
-        if not consumers:
+        if not consumers and stream not in cat.transient:
             eng.retain(stream, ts)
             out.emitted.add(stream)
         return out
@@ -155,6 +156,7 @@ class _Run:
         self._group: str | None = None  # the open transaction group
         self._group_tes: list[tuple[_TE, Transaction]] = []
         self._saved_windows: Any = None
+        self.transient = self.eng.catalog.transient
 
     def execute(self) -> None:
         while self.pending:
@@ -272,8 +274,9 @@ class _Run:
             self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
             consumers = cat.consumers.get(stream, [])
             if not consumers:
-                self.eng.retain(stream, self.ts)
-                self.out.emitted.add(stream)
+                if stream not in self.transient:
+                    self.eng.retain(stream, self.ts)
+                    self.out.emitted.add(stream)
                 continue
             if stream in self.remaining and prior is not None:
                 continue  # already scheduled; they will read the grown batch

@@ -82,6 +82,9 @@ class Transaction:
         table = conform(table, self.engine.catalog.stream_schemas[stream], f"emit on {stream}")
         if table.num_rows == 0:
             return
+        if stream in self.engine.catalog.transient:
+            self._emitted(stream, table)
+            return
         name = f"__emit__{stream}"
         self.con.register(name, table)
         try:
