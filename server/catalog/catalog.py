@@ -364,7 +364,14 @@ class Catalog:
                 )
             self.window_owner[w.name] = consumers[0]
 
-    def _scope(self, owner: str, input_stream: str | None, owned: set[str], params: set[str]) -> Scope:
+    def _scope(
+        self,
+        owner: str,
+        input_stream: str | None,
+        owned: set[str],
+        params: set[str],
+        param_types: tuple[tuple[str, str], ...] = (),
+    ) -> Scope:
         return Scope(
             owner=owner,
             tables=frozenset(self.tables),
@@ -374,6 +381,7 @@ class Catalog:
             owned_windows=frozenset(owned),
             params=frozenset(params),
             transient=self.transient,
+            param_types=param_types,
         )
 
     def owned_windows(self, procedure: str) -> list[str]:
@@ -406,11 +414,17 @@ class Catalog:
                     if s not in self.streams:
                         raise InvalidArgument(f"deploy: {what} ({proc.python}) emits unknown stream {s!r}")
             return Plan([], emits)
-        scope = self._scope(f"procedure {proc.name}", proc.on_stream, set(self.owned_windows(proc.name)), set(names))
+        scope = self._scope(
+            f"procedure {proc.name}",
+            proc.on_stream,
+            set(self.owned_windows(proc.name)),
+            set(names),
+            tuple(proc.params),
+        )
         statements = []
         for sql, line in zip(proc.body, proc.body_lines or [0] * len(proc.body), strict=False):
-            compiled = compile_statement(sql, scope, line)
-            self._bind_check(con, compiled, dict(proc.params), proc.on_stream, f"deploy: {what} (line {line})")
+            compiled = _compiled(sql, scope, line)
+            self._bind_check(con, compiled, proc.on_stream, f"deploy: {what} (line {line})")
             statements.append(compiled)
         return Plan(statements, frozenset(s.emits for s in statements if s.emits))
 
@@ -428,8 +442,8 @@ class Catalog:
             stream = None
         statements = []
         for sql, line in zip(trig.body, trig.body_lines or [0] * len(trig.body), strict=False):
-            compiled = compile_statement(sql, scope, line)
-            self._bind_check(con, compiled, {}, stream, f"deploy: {what} (line {line})")
+            compiled = _compiled(sql, scope, line)
+            self._bind_check(con, compiled, stream, f"deploy: {what} (line {line})")
             statements.append(compiled)
         return Plan(statements, frozenset(s.emits for s in statements if s.emits))
 
@@ -437,7 +451,6 @@ class Catalog:
         self,
         con: duckdb.DuckDBPyConnection,
         compiled: Compiled,
-        param_types: dict[str, str],
         input_stream: str | None,
         what: str,
     ) -> None:
@@ -452,15 +465,23 @@ class Catalog:
                 f"CREATE OR REPLACE TEMP VIEW {quote(batch_relation(input_stream))} AS "
                 f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(input_stream)} WHERE false"
             )
-        sql = compiled.sql
-        for p in compiled.params:
-            if p in param_types:
-                sql = sql.replace(f"${p}", f"CAST(${p} AS {param_types[p]})")
         params = {p: (0 if p == BATCH_PARAM else None) for p in compiled.params}
         try:
-            con.execute("EXPLAIN " + sql, params)
+            con.execute("EXPLAIN " + compiled.sql, params)
         except duckdb.Error as e:
             raise InvalidArgument(f"{what}: {_duck_message(e)}: {compiled.source!r}") from None
+        for source, target, column in _insert_casts(con, compiled.sql, params):
+            sample = _SAMPLES.get(source.split("(")[0].strip().upper())
+            if sample is None:
+                continue
+            try:
+                con.execute(f"SELECT CAST(x AS {target}) FROM (SELECT CAST({sample} AS {source}) AS x)")
+            except duckdb.ConversionException as e:
+                if "Unimplemented type for cast" in str(e):
+                    raise InvalidArgument(
+                        f"{what}: column {column!r} is {target}, but the statement gives it a {source}, "
+                        f"which does not convert: {compiled.source!r}"
+                    ) from None
 
     def _derive_graph(self) -> None:
         self.consumers = {s: [] for s in self.streams}
@@ -638,6 +659,13 @@ def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
     raise InvalidArgument(f"deploy: unsupported statement {st!r}")
 
 
+def _compiled(sql: str, scope: Scope, line: int) -> Compiled:
+    try:
+        return compile_statement(sql, scope, line)
+    except InvalidArgument as e:
+        raise InvalidArgument(f"deploy: {e.message}") from None
+
+
 def _copy_def(d: Any) -> Any:
     return type(d)(**json.loads(json.dumps(asdict(d))))
 
@@ -694,6 +722,52 @@ def _find_cycle(edges: dict[str, set[str]]) -> str:
             if cycle:
                 return " -> ".join(cycle)
     return "?"
+
+
+_NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
+            "UBIGINT", "UHUGEINT", "DECIMAL", "FLOAT", "DOUBLE")  # fmt: skip
+_SAMPLES: dict[str, str] = {
+    **{t: "1" for t in _NUMERIC},
+    "VARCHAR": "'1'",
+    "BOOLEAN": "true",
+    "DATE": "DATE '2020-01-02'",
+    "TIMESTAMP": "TIMESTAMP '2020-01-02 03:04:05'",
+    "TIMESTAMP WITH TIME ZONE": "TIMESTAMPTZ '2020-01-02 03:04:05+00'",
+    "TIME": "TIME '03:04:05'",
+    "INTERVAL": "INTERVAL 1 DAY",
+    "BLOB": "'\\x01'",
+}
+"""A value of each type, to find casts DuckDB cannot do at all (it only looks when a value comes)."""
+
+
+def _insert_casts(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(source type, target type, column) for each column an INSERT ... SELECT writes.
+
+    DuckDB binds an INSERT's implicit casts lazily, so EXPLAIN alone accepts,
+    say, a DATE into a BIGINT column; casting a typed NULL finds it at deploy.
+    """
+    import sqlglot
+    from sqlglot import exp
+
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    if not isinstance(tree, exp.Insert) or tree.expression is None:
+        return []
+    schema = tree.this if isinstance(tree.this, exp.Schema) else None
+    table = schema.this if schema is not None else tree.this
+    if not isinstance(table, exp.Table):
+        return []
+    target_cols = con.execute(f"DESCRIBE {table.sql('duckdb')}").fetchall()
+    types = {name: t for name, t, *_ in target_cols}
+    names = [c.name for c in schema.expressions] if schema is not None and schema.expressions else list(types)
+    with_ = tree.args.get("with_") or tree.args.get("with")
+    query = (with_.sql("duckdb") + " " if with_ is not None else "") + tree.expression.sql("duckdb")
+    used = {k: v for k, v in params.items() if f"${k}" in query}
+    produced = con.execute(f"DESCRIBE {query}", used).fetchall()
+    return [
+        (src, types[name], name)
+        for name, (_, src, *_) in zip(names, produced, strict=False)
+        if name in types and src != types[name]
+    ]
 
 
 def _duck_message(e: Exception) -> str:

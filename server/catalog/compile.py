@@ -69,6 +69,7 @@ class Scope:
     owned_windows: frozenset[str]
     params: frozenset[str]
     transient: frozenset[str] = frozenset()  # streams consumed only by EE triggers
+    param_types: tuple[tuple[str, str], ...] = ()  # declared (name, DuckDB type) of $params
 
 
 def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
@@ -82,6 +83,8 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
         raise InvalidArgument(f"{where}: empty statement")
     ctes = {cte.alias_or_name for cte in tree.find_all(exp.CTE)}
     target = _insert_target(tree)
+    if isinstance(tree, exp.Update | exp.Delete):
+        _check_not_stream_write(tree, scope, where)
 
     for table in list(tree.find_all(exp.Table)):
         if table is target:
@@ -128,13 +131,17 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
         declared = ", ".join(sorted(scope.params)) or "none"
         raise InvalidArgument(f"{where}: unknown parameter ${unknown[0]} (declared parameters: {declared})")
 
+    types = dict(scope.param_types)
+    for p in list(tree.find_all(exp.Placeholder)):
+        if p.name in types:  # a declared parameter has its declared type, whatever Python value comes
+            p.replace(exp.Cast(this=p.copy(), to=exp.DataType.build(types[p.name], dialect="duckdb")))
     if target is not None and target.name in scope.streams and not target.db:
         return _compile_emit(tree, target, scope, where, tuple(params), sql)
     if target is not None and target.name in scope.windows and not target.db:
         raise InvalidArgument(
             f"{where}: inserts into window {target.name!r}; a window is fed from its stream, not by INSERT"
         )
-    if isinstance(tree, exp.Insert | exp.Update | exp.Delete):
+    if isinstance(tree, exp.Insert):
         _check_not_stream_write(tree, scope, where)
     returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
     return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql)

@@ -22,6 +22,7 @@ from streamtx.errors import (
     InvalidArgument,
     NotFound,
     ResourceExhausted,
+    StreamTxError,
 )
 from streamtx.server.catalog.catalog import Catalog, create_statements
 from streamtx.server.config import ServerConfig
@@ -115,6 +116,28 @@ class Front:
 
         def dispatch(ts: int) -> asyncio.Future:
             return self._dispatch_push(stream, producer, batch_id, ts, table)
+
+        return self.sequencer.submit(producer, stream, batch_id, dispatch)
+
+    def reject(self, stream: str, producer: str, batch_id: int, error: StreamTxError) -> asyncio.Future:
+        """Takes a well-addressed batch whose rows are bad as rejected, in its place in the order.
+
+        Its batch id is used up like that of a batch a procedure aborted, so a
+        pipeline goes on with the next batch; re-sending it gets DUPLICATE with
+        the original rejection. No data of it reaches any table.
+        """
+
+        def dispatch(ts: int) -> asyncio.Future:
+            header = {
+                "op": "reject",
+                "stream": stream,
+                "producer": producer,
+                "batch_id": batch_id,
+                "ts": ts,
+                "code": error.code.value[0],
+                "reason": error.message,
+            }
+            return asyncio.ensure_future(self._gather_push(stream, [self.partitions[0].send(header)]))
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
@@ -254,15 +277,21 @@ def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
 
 
 def _coerce_param(con: duckdb.DuckDBPyConnection, procedure: str, name: str, type_sql: str, value: Any) -> Any:
-    """Checks a call parameter against its declared DuckDB type (cast by DuckDB itself)."""
+    """Checks a call parameter against its declared DuckDB type, as DuckDB casts it.
+
+    The procedure's SQL casts the parameter to its declared type; here a value
+    that does not convert, or would lose its fraction, is refused up front.
+    """
     if value is None:
         return None
     try:
-        con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchone()
+        cast = con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchone()[0]
     except duckdb.Error as e:
         raise InvalidArgument(
             f"call {procedure}: parameter {name!r}: {value!r} is not a {type_sql} ({str(e).splitlines()[0]})"
         ) from None
+    if isinstance(value, float) and isinstance(cast, int) and cast != value:
+        raise InvalidArgument(f"call {procedure}: parameter {name!r}: {value!r} is not a whole number ({type_sql})")
     return value
 
 

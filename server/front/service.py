@@ -129,8 +129,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         what = f"push to {request.stream!r} (producer {request.producer_id!r}, batch {request.batch_id})"
         schema = front.check_push(request.stream, request.producer_id, request.batch_id)
-        table = decode_rowdata(request.data, schema, what)
-        front.check_rows(request.stream, table)
+        try:
+            table = decode_rowdata(request.data, schema, what)
+            front.check_rows(request.stream, table)
+        except StreamTxError as e:  # a well-addressed batch with bad rows: its id is used up, rejected
+            return front.reject(request.stream, request.producer_id, request.batch_id, e)
         return front.push(request.stream, request.producer_id, request.batch_id, table)
 
     async def _push(self, request: pb.PushRequest) -> pb.PushAck:

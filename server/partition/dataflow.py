@@ -84,10 +84,9 @@ class Dataflow:
         cat = eng.catalog
         if stream not in cat.streams:
             raise NotFound(f"unknown stream {stream!r}")
-        if batch_id <= eng.marks.get((producer, stream), 0):
-            eng.counters["duplicates"] += 1
-            orig = eng.original_outcome(producer, stream, batch_id)
-            return Outcome("duplicate", orig["ts"], orig["code"], orig["reason"], orig["original"])
+        duplicate = self._duplicate(producer, stream, batch_id)
+        if duplicate is not None:
+            return duplicate
         eng.last_ts = max(eng.last_ts, ts)
         consumers = cat.consumers.get(stream, [])
         first = consumers[0] if consumers else None
@@ -109,6 +108,17 @@ class Dataflow:
             out.emitted.add(stream)
         return out
 
+    def run_reject(self, stream: str, producer: str, batch_id: int, ts: int, code: int, reason: str) -> Outcome:
+        """Records a batch the front found bad as rejected (or answers DUPLICATE)."""
+        eng = self.engine
+        duplicate = self._duplicate(producer, stream, batch_id)
+        if duplicate is not None:
+            return duplicate
+        eng.last_ts = max(eng.last_ts, ts)
+        eng.record_rejection(producer, stream, batch_id, ts, code, reason)
+        eng.counters["rejected"] += 1
+        return Outcome("rejected", ts, code, reason)
+
     def run_call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[Outcome, list[pa.Table]]:
         eng = self.engine
         if procedure not in eng.catalog.procedures:
@@ -125,6 +135,14 @@ class Dataflow:
         return run.out, run.results
 
     # ------------------------------------------------------------- internals
+    def _duplicate(self, producer: str, stream: str, batch_id: int) -> Outcome | None:
+        eng = self.engine
+        if batch_id > eng.marks.get((producer, stream), 0):
+            return None
+        eng.counters["duplicates"] += 1
+        orig = eng.original_outcome(producer, stream, batch_id)
+        return Outcome("duplicate", orig["ts"], orig["code"], orig["reason"], orig["original"])
+
     def run_body(self, tx: Transaction, procedure: str) -> None:
         """Feeds the procedure's windows with its input, then runs its code."""
         cat = self.engine.catalog

@@ -98,6 +98,9 @@ class Worker:
         if op == "push":
             out = self.dataflow.run_push(h["stream"], h["producer"], h["batch_id"], h["ts"], tables[0])
             return out.header(), []
+        if op == "reject":
+            out = self.dataflow.run_reject(h["stream"], h["producer"], h["batch_id"], h["ts"], h["code"], h["reason"])
+            return out.header(), []
         if op == "call":
             out, results = self.dataflow.run_call(h["procedure"], h["params"], h["ts"])
             return out.header(), results
