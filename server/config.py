@@ -33,7 +33,8 @@ class ServerConfig:
     max_batch_rows: int = 1_000_000
     max_message_bytes: int = 64 * 1024 * 1024
     max_in_flight: int = 1024  # pushed batches admitted but not yet acknowledged, per server
-    stream_retention: int = 10_000  # batches kept on a stream no procedure consumes, for Subscribe
+    stream_retention: int = 10_000  # batches kept on a stream no procedure consumes, for Subscribe;
+    # trimmed in steps of a tenth, so between N and 1.1 N of the latest batches are held
     order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
     bins: int = 1024
 

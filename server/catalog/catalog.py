@@ -239,7 +239,7 @@ class Catalog:
             new._apply(st, created, dropped)
         new.version = self.version + 1
         new.analyze(resolve_python)
-        physical = physical_diff(self, new)
+        physical = physical_diff(self, new, set(dropped))
         return new, created, dropped, physical
 
     def _apply(self, st: ddl.Statement, created: list, dropped: list) -> None:
@@ -597,10 +597,20 @@ def _create_object(cat: Catalog, kind: str, name: str) -> list[PhysicalStatement
 def _drop_object(old: Catalog, kind: str, name: str) -> list[str]:
     if kind == "table":
         return [f"DROP TABLE {quote(name)}"]
-    if kind == "stream":
-        return [f"DROP VIEW {quote(name)}", f"DROP TABLE {STREAM_SCHEMA}.{quote(name)}"]
+    literal = "'" + name.replace("'", "''") + "'"
+    if kind == "stream":  # a stream created again under this name starts with fresh dedup marks
+        return [
+            f"DROP VIEW {quote(name)}",
+            f"DROP TABLE {STREAM_SCHEMA}.{quote(name)}",
+            f"DELETE FROM {SYSTEM_SCHEMA}.producers WHERE stream = {literal}",
+            f"DELETE FROM {SYSTEM_SCHEMA}.rejections WHERE stream = {literal}",
+        ]
     if kind == "window":
-        return [f"DROP VIEW {quote(name)}", f"DROP TABLE {WINDOW_SCHEMA}.{quote(name)}"]
+        return [
+            f"DROP VIEW {quote(name)}",
+            f"DROP TABLE {WINDOW_SCHEMA}.{quote(name)}",
+            f"DELETE FROM {SYSTEM_SCHEMA}.window_ends WHERE window_name = {literal}",
+        ]
     if kind == "index":
         return [f"DROP INDEX {quote(name)}"]
     return []
@@ -609,18 +619,26 @@ def _drop_object(old: Catalog, kind: str, name: str) -> list[str]:
 PHYSICAL_KINDS = ("index", "window", "stream", "table")
 
 
-def physical_diff(old: Catalog, new: Catalog) -> list[str]:
-    """DDL that turns `old`'s physical schema into `new`'s (drops first, then creates)."""
+def physical_diff(old: Catalog, new: Catalog, dropped: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """DDL that turns `old`'s physical schema into `new`'s (drops first, then creates).
+
+    An object that changed, or was dropped and created again by the deploy, is
+    rebuilt empty; an object the deploy did not touch keeps its data.
+    """
+
+    def changed(kind: str, name: str, before: dict, after: dict) -> bool:
+        return (kind, name) in dropped or asdict(after[name]) != asdict(before[name])
+
     out: list[str] = []
     for kind in PHYSICAL_KINDS:
         before, after = old._objects(kind), new._objects(kind)
         for name in sorted(before):
-            if name not in after or asdict(after[name]) != asdict(before[name]):
+            if name not in after or changed(kind, name, before, after):
                 out += _drop_object(old, kind, name)
     for kind in reversed(PHYSICAL_KINDS):
         before, after = old._objects(kind), new._objects(kind)
         for name in sorted(after):
-            if name not in before or asdict(after[name]) != asdict(before[name]):
+            if name not in before or changed(kind, name, before, after):
                 out += [s.sql for s in _create_object(new, kind, name)]
     return out
 

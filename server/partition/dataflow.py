@@ -95,6 +95,7 @@ class Dataflow:
         stored = len(consumers) > 1 or (not consumers and stream not in cat.transient)
         run.border = _Border(producer, batch_id, store=stored)
         run.pending.append(_TE(first, stream, cat.group_of(first) if first else None, border=True))
+        run.pending += [_TE(proc, stream, cat.group_of(proc)) for proc in consumers[1:]]
         run.execute()
         out = run.out
         if out.outcome == "rejected":

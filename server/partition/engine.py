@@ -63,10 +63,6 @@ class Engine:
         try:
             for sql in ddl:
                 self.con.execute(sql)
-            gone = [name for name in self.catalog.streams if name not in catalog.streams]
-            for table in ("producers", "rejections"):
-                for name in gone:  # a stream created again under the same name starts afresh
-                    self.con.execute(f"DELETE FROM {SYSTEM_SCHEMA}.{table} WHERE stream = $s", {"s": name})
         except duckdb.Error as e:
             self.con.execute("ROLLBACK")
             raise Internal(f"partition {self.partition}: deploy failed on {sql!r}: {error_text(e)}") from None
@@ -74,7 +70,7 @@ class Engine:
         self.catalog = catalog
         self.compile_for.cache_clear()
         self.windows.load()
-        self.marks = {key: b for key, b in self.marks.items() if key[1] in catalog.streams}
+        self.load_marks()
         for stream in list(self.retained):
             if stream not in catalog.streams:
                 del self.retained[stream]

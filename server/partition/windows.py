@@ -80,9 +80,15 @@ class Windows:
         st = self.state.setdefault(window, WindowState())
         table = f"{WINDOW_SCHEMA}.{quote(window)}"
         cols = ", ".join(quote(c) for c in self.engine.catalog.stream_schemas[stream].names)
+        source = quote(batch_relation(stream))
+        if w.kind == "range":  # a tuple without a time has no place in a time window
+            batch = batch.filter(pc.is_valid(batch.column("ts")))
+            source = f"(SELECT * FROM {source} WHERE ts IS NOT NULL)"
+            if batch.num_rows == 0:
+                return
         tx.execute(
             f"INSERT INTO {table} ({cols}, batch_id, __seq, __staged) SELECT {cols}, $b, "
-            f"$seq0 + row_number() OVER () - 1, true FROM {quote(batch_relation(stream))}",
+            f"$seq0 + row_number() OVER () - 1, true FROM {source}",
             {"b": tx.batch_id, "seq0": st.next_seq},
         )
         st.next_seq += batch.num_rows
