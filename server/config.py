@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PORT = 7411
+EXECUTORS = ("serial",)
+"""Batch executors this build has (TStream's `opchain` arrives with the operation-chain engine)."""
 
 
 def default_procedures_path() -> Path:
@@ -26,7 +28,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT  # 0 picks a free port; the chosen one is printed and written to data_dir/port
     data_dir: Path = field(default_factory=lambda: Path("streamtx-data"))
     partitions: int = 1
-    executor: str = "serial"  # serial | opchain
+    executor: str = "serial"  # one of EXECUTORS
     procedures_path: Path = field(default_factory=default_procedures_path)
     token: str | None = field(default_factory=lambda: os.environ.get("STREAMTX_TOKEN") or None)
     use_uvloop: bool = True
@@ -41,8 +43,8 @@ class ServerConfig:
     def validate(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"--partitions must be >= 1, got {self.partitions}")
-        if self.executor not in ("serial", "opchain"):
-            raise ValueError(f"--executor must be serial or opchain, got {self.executor!r}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if not (0 <= self.port < 65536):
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
         if self.max_batch_rows < 1:

@@ -127,8 +127,11 @@ class Catalog:
         self.topo_rank: dict[str, int] = {}
         self.stream_schemas: dict[str, pa.Schema] = {}
         self.table_columns: dict[str, list[str]] = {}
-        self.transient: frozenset[str] = frozenset()
-        """Streams only EE triggers consume: their tuples live within the TE, never stored."""
+        self.retained: frozenset[str] = frozenset()
+        """Streams no procedure or EE trigger consumes: their batches are stored for Subscribe.
+
+        Tuples of every other stream live only within the transaction that
+        emits and consumes them."""
 
     # ---------------------------------------------------------------- persistence
     def to_json(self) -> str:
@@ -286,7 +289,7 @@ class Catalog:
         """Derives plans, the dataflow graph and schemas; validates everything."""
         consumed = {p.on_stream for p in self.procedures.values()}
         triggered = {t.target for t in self.triggers.values() if t.target_kind == "stream"}
-        self.transient = frozenset(triggered - consumed)
+        self.retained = frozenset(set(self.streams) - triggered - consumed)
         con = self.scratch_database()
         try:
             self._derive_schemas(con)
@@ -380,7 +383,7 @@ class Catalog:
             input_stream=input_stream,
             owned_windows=frozenset(owned),
             params=frozenset(params),
-            transient=self.transient,
+            retained=self.retained,
             param_types=param_types,
         )
 

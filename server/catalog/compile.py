@@ -8,11 +8,11 @@ statement is parsed or rewritten on the hot path:
 
 - a read of the input stream `s` reads `__batch__s`, the Arrow relation the
   engine registers for the TE;
-- `INSERT INTO t ...` on a stream becomes an insert into `streams.t` stamped
-  with `$batch_id` that RETURNs the emitted tuples, so the engine has them for
-  EE triggers and downstream TEs without another statement; on a *transient*
-  stream (one that only EE triggers consume) it becomes a plain SELECT: the
-  tuples go to the triggers and are never stored;
+- `INSERT INTO t ...` on a stream becomes a SELECT of the emitted tuples:
+  the engine hands them to t's EE triggers and to the TEs t feeds, in the same
+  transaction, so they are never stored; only a stream nothing consumes
+  (an output stream, read by Subscribe) is stored, in `streams.t` with its
+  batch id, by a plain INSERT;
 - every other name must be a table, an owned window, or a CTE.
 """
 
@@ -45,9 +45,10 @@ def quote(name: str) -> str:
 class Compiled:
     """One executable statement.
 
-    `emits` names the stream the statement inserts into (its RETURNING rows are
-    the emitted tuples), `params` the `$name` parameters it binds, `returns_rows`
-    whether it yields a result table for an OLTP caller.
+    `emits` names the stream the statement inserts into (its result rows are the
+    emitted tuples, or for a retained stream the count of stored ones),
+    `params` the `$name` parameters it binds, `returns_rows` whether it yields
+    a result table for an OLTP caller.
     """
 
     sql: str
@@ -68,7 +69,7 @@ class Scope:
     input_stream: str | None  # the stream whose batch this code reads
     owned_windows: frozenset[str]
     params: frozenset[str]
-    transient: frozenset[str] = frozenset()  # streams consumed only by EE triggers
+    retained: frozenset[str] = frozenset()  # streams nothing consumes: stored for subscribers
     param_types: tuple[tuple[str, str], ...] = ()  # declared (name, DuckDB type) of $params
 
 
@@ -178,17 +179,15 @@ def _compile_emit(
     with_ = tree.args.get("with_") or tree.args.get("with")
     prefix = (with_.sql("duckdb") + " ") if with_ is not None else ""
     cols = ", ".join(quote(c) for c in given)
-    ordered = ", ".join(quote(c) for c in columns)
     n = len(given)
     aliased = ", ".join(f"__c{i}" for i in range(n))
-    if stream in scope.transient:
+    if stream not in scope.retained:
         renamed = ", ".join(f"__c{given.index(c)} AS {quote(c)}" for c in columns)
         sql = f"{prefix}SELECT {renamed} FROM ({query.sql('duckdb')}) AS __q({aliased})"
         return Compiled(sql, params, stream, False, source)
     sql = (
         f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
-        f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased}) "
-        f"RETURNING {ordered}"
+        f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased})"
     )
     return Compiled(sql, tuple(sorted(set(params) | {BATCH_PARAM})), stream, False, source)
 

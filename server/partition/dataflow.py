@@ -1,20 +1,22 @@
 """The streaming scheduler of a partition: border TEs, then PE-triggered TEs.
 
-For one atomic batch, `run_push` executes the border TE of the batch's stream
-and then every TE its outputs trigger, choosing each time among the ready TEs
-by the graph's topological rank, before the partition takes its next command.
-Hence, per batch, the TEs run in a topological order of the graph; across
-batches, batch order holds (commands arrive in timestamp order); OLTP calls
-interleave between batches.
+For one atomic batch, the border TE of the batch's stream runs first, then
+every TE its outputs trigger, choosing each time among the ready TEs by the
+graph's topological rank, before the partition takes its next command. Hence,
+per batch, the TEs run in a topological order of the graph; across batches,
+batch order holds (commands arrive in timestamp order); OLTP calls interleave
+between batches. Emitted tuples pass from TE to TE in memory (Arrow); only a
+stream nothing consumes stores its batches, for subscribers.
 
-Each TE is its own DuckDB transaction, except that the TEs of a transaction
-group (S-Store's nested transactions) share one: nothing outside the group
-sees the state between them, and if one aborts the whole group is undone.
-An aborted TE (or group) is reported and the dataflow goes on.
-
-Stream tuples are stored only while some TE still has to consume them; the
-last consumer deletes them in its own transaction. A stream nothing consumes
-keeps its batches for subscribers, up to the retention.
+Commit boundaries. Each TE is atomic and isolated; the partition's single
+thread means no other work can observe a TE before it ends, so the engine is
+free to commit several at once. The fast path runs a group of queued batches
+(and all the TEs they trigger) in one DuckDB transaction. If any TE in it
+aborts, the transaction is rolled back and each batch is run again alone,
+then, if it still aborts, in the isolated path: one DuckDB transaction per TE
+(or per transaction group, S-Store's nested transactions, whose TEs share
+one), where an aborted TE is undone, reported, and the dataflow goes on.
+Both paths reach exactly the state of running every TE alone, in order.
 """
 
 from __future__ import annotations
@@ -56,6 +58,17 @@ class Outcome:
         }
 
 
+@dataclass(frozen=True)
+class Push:
+    """One atomic batch to take: the `push` command of the front."""
+
+    stream: str
+    producer: str
+    batch_id: int
+    ts: int
+    batch: pa.Table
+
+
 @dataclass
 class _TE:
     """A ready TE: `procedure` (None: no consumer, a plain append) over `stream`'s batch."""
@@ -67,47 +80,60 @@ class _TE:
     origin_group: str | None = None  # the open group whose TE emitted its input, if any
 
 
-@dataclass
-class _Border:
-    producer: str
-    batch_id: int
-    store: bool
-
-
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
     # ------------------------------------------------------------- commands
     def run_push(self, stream: str, producer: str, batch_id: int, ts: int, batch: pa.Table) -> Outcome:
+        result = self.run_pushes([Push(stream, producer, batch_id, ts, batch)])[0]
+        if isinstance(result, StreamTxError):
+            raise result
+        return result
+
+    def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
+        """Takes queued batches, in order, in one DuckDB transaction when none aborts."""
         eng = self.engine
-        cat = eng.catalog
-        if stream not in cat.streams:
-            raise NotFound(f"unknown stream {stream!r}")
-        duplicate = self._duplicate(producer, stream, batch_id)
-        if duplicate is not None:
-            return duplicate
-        eng.last_ts = max(eng.last_ts, ts)
-        consumers = cat.consumers.get(stream, [])
-        first = consumers[0] if consumers else None
-        run = _Run(self, ts, {stream: batch})
-        run.remaining[stream] = len(consumers)
-        stored = len(consumers) > 1 or (not consumers and stream not in cat.transient)
-        run.border = _Border(producer, batch_id, store=stored)
-        run.pending.append(_TE(first, stream, cat.group_of(first) if first else None, border=True))
-        run.pending += [_TE(proc, stream, cat.group_of(proc)) for proc in consumers[1:]]
-        run.execute()
-        out = run.out
-        if out.outcome == "rejected":
-            eng.counters["rejected"] += 1
-            return out
-        eng.marks[(producer, stream)] = batch_id
-        eng.counters["committed"] += 1
-        eng.counters["rows"] += batch.num_rows
-        if not consumers and stream not in cat.transient:
-            eng.retain(stream, ts)
-            out.emitted.add(stream)
-        return out
+        results: list[Outcome | StreamTxError | None] = [None] * len(pushes)
+        runs: list[tuple[int, _Run]] = []
+        taken: dict[tuple[str, str], tuple[int, int]] = {}
+        saved = eng.windows.snapshot()
+        eng.con.execute("BEGIN")
+        try:
+            for i, p in enumerate(pushes):
+                if p.stream not in eng.catalog.streams:
+                    results[i] = NotFound(f"unknown stream {p.stream!r}")
+                    continue
+                key = (p.producer, p.stream)
+                if p.batch_id <= max(eng.marks.get(key, 0), taken.get(key, (0, 0))[0]):
+                    results[i] = self._duplicate(p.producer, p.stream, p.batch_id)
+                    continue
+                run = _Run(self, p.ts, {p.stream: p.batch})
+                run.start_push(p)
+                run.execute_fast()
+                taken[key] = (p.batch_id, p.ts)
+                runs.append((i, run))
+            eng.write_marks(taken)
+            eng.con.execute("COMMIT")
+        except StreamTxError:
+            eng.con.execute("ROLLBACK")
+            eng.windows.restore(saved)
+            if len(pushes) == 1:
+                return [self._push_isolated(pushes[0])]
+            return [r for p in pushes for r in self.run_pushes([p])]
+        except BaseException:
+            eng.con.execute("ROLLBACK")
+            eng.windows.restore(saved)
+            raise
+        for i, run in runs:
+            results[i] = run.finish()
+            p = pushes[i]
+            eng.counters["committed"] += 1
+            eng.counters["rows"] += p.batch.num_rows
+        for key, (batch_id, ts) in taken.items():
+            eng.marks[key] = batch_id
+            eng.last_ts = max(eng.last_ts, ts)
+        return results  # type: ignore[return-value]
 
     def run_reject(self, stream: str, producer: str, batch_id: int, ts: int, code: int, reason: str) -> Outcome:
         """Records a batch the front found bad as rejected (or answers DUPLICATE)."""
@@ -125,17 +151,45 @@ class Dataflow:
         if procedure not in eng.catalog.procedures:
             raise NotFound(f"unknown procedure {procedure!r}")
         eng.last_ts = max(eng.last_ts, ts)
+        saved = eng.windows.snapshot()
         run = _Run(self, ts, {})
-        run.call_params = params
-        run.pending.append(_TE(procedure, None, eng.catalog.group_of(procedure)))
-        run.execute()
+        run.start_call(procedure, params)
+        eng.con.execute("BEGIN")
+        try:
+            run.execute_fast()
+            eng.con.execute("COMMIT")
+        except StreamTxError:
+            eng.con.execute("ROLLBACK")
+            eng.windows.restore(saved)
+            run = _Run(self, ts, {})
+            run.start_call(procedure, params)
+            run.execute_isolated()
+        except BaseException:
+            eng.con.execute("ROLLBACK")
+            eng.windows.restore(saved)
+            raise
         if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
             raise run.call_error
         eng.counters["calls"] += 1
-        return run.out, run.results
+        return run.finish(), run.results
 
     # ------------------------------------------------------------- internals
+    def _push_isolated(self, p: Push) -> Outcome:
+        eng = self.engine
+        run = _Run(self, p.ts, {p.stream: p.batch})
+        run.start_push(p)
+        run.execute_isolated()
+        out = run.finish()
+        eng.last_ts = max(eng.last_ts, p.ts)
+        if out.outcome == "rejected":
+            eng.counters["rejected"] += 1
+            return out
+        eng.marks[(p.producer, p.stream)] = p.batch_id
+        eng.counters["committed"] += 1
+        eng.counters["rows"] += p.batch.num_rows
+        return out
+
     def _duplicate(self, producer: str, stream: str, batch_id: int) -> Outcome | None:
         eng = self.engine
         if batch_id > eng.marks.get((producer, stream), 0):
@@ -165,112 +219,166 @@ class _Run:
         self.eng = flow.engine
         self.ts = ts
         self.inputs = inputs
-        self.remaining: dict[str, int] = {}
         self.pending: list[_TE] = []
         self.out = Outcome("committed", ts)
-        self.border: _Border | None = None
+        self.push: Push | None = None
         self.call_params: dict[str, Any] | None = None
         self.call_error: StreamTxError | None = None
         self.results: list[pa.Table] = []
-        self._group: str | None = None  # the open transaction group
-        self._group_tes: list[tuple[_TE, Transaction]] = []
+        self.stored: set[str] = set()
+        self._group: str | None = None  # the open transaction group (isolated path)
+        self._group_tes: list[_TE] = []
+        self._group_stored: set[str] = set()
         self._saved_windows: Any = None
-        self.transient = self.eng.catalog.transient
+        self._saved_inputs: dict[str, pa.Table] = {}
 
-    def execute(self) -> None:
+    def start_push(self, p: Push) -> None:
+        cat = self.eng.catalog
+        self.push = p
+        consumers = cat.consumers.get(p.stream, [])
+        first = consumers[0] if consumers else None
+        self.pending.append(_TE(first, p.stream, cat.group_of(first) if first else None, border=True))
+        self.pending += [_TE(proc, p.stream, cat.group_of(proc)) for proc in consumers[1:]]
+
+    def start_call(self, procedure: str, params: dict[str, Any]) -> None:
+        self.call_params = params
+        self.pending.append(_TE(procedure, None, self.eng.catalog.group_of(procedure)))
+
+    def finish(self) -> Outcome:
+        """After the commit: keeps stored output batches for subscribers."""
+        for stream in sorted(self.stored):
+            self.eng.retain(stream, self.ts)
+            self.out.emitted.add(stream)
+        return self.out
+
+    # ------------------------------------------------------------------ paths
+    def execute_fast(self) -> None:
+        """Every TE inside the caller's transaction; an abort propagates to the caller."""
+        while self.pending:
+            te = self._next()
+            tx = self._transaction(te)
+            try:
+                self._run_te(te, tx)
+            finally:
+                tx.close()
+            self._done(te, tx, None)
+
+    def execute_isolated(self) -> None:
+        """One DuckDB transaction per TE (or per group); an aborted TE is undone and reported."""
         while self.pending:
             te = self._next()
             if self._group is not None and te.group != self._group:
                 self._commit()
             if self._group is None:
                 self._begin(te.group)
-            tx = Transaction(
-                self.eng,
-                te.procedure,
-                self.ts,
-                te.stream,
-                self.inputs.get(te.stream) if te.stream else None,
-                self.call_params if te.stream is None else None,
-            )
+            tx = self._transaction(te)
             try:
                 self._run_te(te, tx)
+                if te.border:
+                    assert self.push is not None
+                    self.eng.record_mark(self.push.producer, self.push.stream, self.push.batch_id, self.ts)
             except StreamTxError as e:
                 tx.close()
                 self._abort(te, e)
                 continue
             tx.close()
-            self.out.tes += 1
-            if te.procedure is not None and te.stream is None:
-                self.results = tx.results
             if self._group is None:
                 self.eng.con.execute("COMMIT")
-                self._absorb(tx, None)
             else:
-                self._group_tes.append((te, tx))
-                self._absorb(tx, self._group)
+                self._group_tes.append(te)
+            self._done(te, tx, self._group)
         if self._group is not None:
             self._commit()
+
+    # -------------------------------------------------------------- helpers
+    def _transaction(self, te: _TE) -> Transaction:
+        return Transaction(
+            self.eng,
+            te.procedure,
+            self.ts,
+            te.stream,
+            self.inputs.get(te.stream) if te.stream else None,
+            self.call_params if te.stream is None else None,
+        )
 
     def _next(self) -> _TE:
         """The ready TE to run next: a member of the open group first, else by topological rank."""
         rank = self.eng.catalog.topo_rank
         candidates = [t for t in self.pending if self._group is not None and t.group == self._group]
         pool = candidates or self.pending
-        best = min(pool, key=lambda t: (rank.get(t.procedure or "", -1), t.procedure or ""))
+        best = min(pool, key=lambda t: (not t.border, rank.get(t.procedure or "", -1), t.procedure or ""))
         self.pending.remove(best)
         return best
 
     def _begin(self, group: str | None) -> None:
         self.eng.con.execute("BEGIN")
         self._saved_windows = self.eng.windows.snapshot()
+        self._saved_inputs = dict(self.inputs)
         self._group = group
         self._group_tes = []
+        self._group_stored = set()
 
     def _commit(self) -> None:
         self.eng.con.execute("COMMIT")
+        self.stored |= self._group_stored
         self._group = None
         self._group_tes = []
+        self._group_stored = set()
 
     def _run_te(self, te: _TE, tx: Transaction) -> None:
-        eng = self.eng
         tx.register_input()
         if te.border:
-            assert self.border is not None and te.stream is not None
-            if self.border.store:
-                eng.con.execute(
+            assert te.stream is not None
+            if te.stream in self.eng.catalog.retained:
+                self.eng.con.execute(
                     f"INSERT INTO {STREAM_SCHEMA}.{quote(te.stream)} SELECT *, ${BATCH_PARAM} "
                     f"FROM {quote(batch_relation(te.stream))}",
                     {BATCH_PARAM: self.ts},
                 )
+                tx.stored.add(te.stream)
             tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
         if te.procedure is not None:
             self.flow.run_body(tx, te.procedure)
-        if te.stream is not None and te.procedure is not None:
-            self.remaining[te.stream] -= 1
-            if self.remaining[te.stream] == 0 and not (te.border and not self.border.store):
-                eng.consume(te.stream, self.ts)
-        if te.border:
-            eng.record_mark(self.border.producer, te.stream, self.border.batch_id, self.ts)
+
+    def _done(self, te: _TE, tx: Transaction, group: str | None) -> None:
+        """A TE finished: its results, stored streams, and the TEs its output triggers (PE triggers)."""
+        self.out.tes += 1
+        if te.procedure is not None and te.stream is None:
+            self.results = tx.results
+        if group is None:
+            self.stored |= tx.stored
+        else:
+            self._group_stored |= tx.stored
+        cat = self.eng.catalog
+        for stream, parts in tx.emitted.items():
+            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+            prior = self.inputs.get(stream)
+            self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
+            if prior is not None:
+                continue  # its consumers are scheduled already and will read the grown batch
+            for proc in cat.consumers.get(stream, []):
+                self.pending.append(_TE(proc, stream, cat.group_of(proc), origin_group=group))
 
     def _abort(self, te: _TE, error: StreamTxError) -> None:
         """Undoes the open transaction (the TE, or its whole group) and reports it."""
         eng = self.eng
         eng.con.execute("ROLLBACK")
         eng.windows.restore(self._saved_windows)
+        self.inputs = self._saved_inputs
         group = self._group
-        undone = [t for t, _ in self._group_tes] + [te]
+        undone = [*self._group_tes, te]
         self._group = None
         self._group_tes = []
-        if te.stream is not None and te.procedure is not None:
-            self.remaining[te.stream] -= 1
+        self._group_stored = set()
         if group is not None:
             self.pending = [t for t in self.pending if t.origin_group != group]
         code = error.code.value[0]
         reason = error.message if group is None else f"transaction group {group} undone: {error.message}"
         if any(t.border for t in undone):
-            assert self.border is not None and undone[0].stream is not None
+            assert self.push is not None
             self.out = Outcome("rejected", self.ts, code, reason)
-            eng.record_rejection(self.border.producer, undone[0].stream, self.border.batch_id, self.ts, code, reason)
+            self.stored = set()
+            eng.record_rejection(self.push.producer, self.push.stream, self.push.batch_id, self.ts, code, reason)
             self.pending = []
             return
         if self.call_params is not None and any(t.stream is None for t in undone):
@@ -279,26 +387,3 @@ class _Run:
             return
         eng.counters["tes_aborted"] += 1
         self.out.aborted_tes.append(f"{te.procedure}: {reason}")
-        for t in undone:  # their inputs count as consumed all the same: the dataflow moves on
-            emitted_inside = group is not None and t.origin_group == group
-            if t.stream is not None and not emitted_inside and self.remaining.get(t.stream) == 0:
-                eng.consume(t.stream, self.ts)
-
-    def _absorb(self, tx: Transaction, group: str | None) -> None:
-        """Schedules the consumers of the streams a TE emitted on (PE triggers)."""
-        cat = self.eng.catalog
-        for stream, parts in tx.emitted.items():
-            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            prior = self.inputs.get(stream)
-            self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
-            consumers = cat.consumers.get(stream, [])
-            if not consumers:
-                if stream not in self.transient:
-                    self.eng.retain(stream, self.ts)
-                    self.out.emitted.add(stream)
-                continue
-            if stream in self.remaining and prior is not None:
-                continue  # already scheduled; they will read the grown batch
-            self.remaining[stream] = len(consumers)
-            for proc in consumers:
-                self.pending.append(_TE(proc, stream, cat.group_of(proc), origin_group=group))

@@ -32,8 +32,8 @@ SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",
     f"CREATE SCHEMA IF NOT EXISTS {STREAM_SCHEMA}",
     f"CREATE SCHEMA IF NOT EXISTS {WINDOW_SCHEMA}",
-    f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.producers (producer_id VARCHAR, stream VARCHAR, "
-    "last_batch_id BIGINT NOT NULL, last_ts BIGINT NOT NULL, PRIMARY KEY (producer_id, stream))",
+    f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.producers (producer_id VARCHAR NOT NULL, "
+    "stream VARCHAR NOT NULL, last_batch_id BIGINT NOT NULL, last_ts BIGINT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.rejections (producer_id VARCHAR, stream VARCHAR, "
     "batch_id BIGINT, ts BIGINT, code INTEGER, reason VARCHAR, PRIMARY KEY (producer_id, stream, batch_id))",
 ]
@@ -97,11 +97,24 @@ class Engine:
 
     def record_mark(self, producer: str, stream: str, batch_id: int, ts: int) -> None:
         """Records that a batch was taken; runs inside the batch's transaction."""
-        self.con.execute(
-            f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts) "
-            "ON CONFLICT DO UPDATE SET last_batch_id = excluded.last_batch_id, last_ts = excluded.last_ts",
-            {"p": producer, "s": stream, "b": batch_id, "ts": ts},
-        )
+        self.write_marks({(producer, stream): (batch_id, ts)})
+
+    def write_marks(self, taken: dict[tuple[str, str], tuple[int, int]]) -> None:
+        """Stores the last batch taken per producer and stream (inside the caller's transaction).
+
+        A plain UPDATE of a known row, not an upsert: `producers` has no index to
+        maintain, and an upsert costs several statements' worth.
+        """
+        for (producer, stream), (batch_id, ts) in taken.items():
+            params = {"p": producer, "s": stream, "b": batch_id, "ts": ts}
+            if (producer, stream) in self.marks:
+                self.con.execute(
+                    f"UPDATE {SYSTEM_SCHEMA}.producers SET last_batch_id = $b, last_ts = $ts "
+                    "WHERE producer_id = $p AND stream = $s",
+                    params,
+                )
+            else:
+                self.con.execute(f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts)", params)
 
     def record_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         self.con.execute("BEGIN")
@@ -140,10 +153,6 @@ class Engine:
                 cut = kept.popleft()
             self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
             self.trimmed_through[stream] = cut
-
-    def consume(self, stream: str, batch_id: int) -> None:
-        """Garbage-collects a stream batch every consumer has processed."""
-        self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id = $b", {"b": batch_id})
 
     def read_stream(self, stream: str, from_batch: int, max_batches: int) -> list[tuple[int, pa.Table]]:
         if stream not in self.catalog.streams:

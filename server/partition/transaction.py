@@ -2,9 +2,10 @@
 
 A `Transaction` runs inside a DuckDB transaction opened by the caller. It
 registers the input batch under the name the compiled SQL reads, runs each
-statement with bound parameters, collects the tuples emitted on streams
-(straight from the statements' RETURNING rows) and fires the EE triggers of a
-stream each time tuples are inserted into it, inside the same TE.
+statement with bound parameters, and collects the tuples emitted on streams
+(the result rows of the compiled emit statements), firing a stream's EE
+triggers each time tuples enter it, inside the same TE. Tuples emitted on a
+retained stream (one nothing consumes) are stored instead, for subscribers.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class Transaction:
         self.batch = batch
         self.params = params or {}
         self.emitted: dict[str, list[pa.Table]] = {}
+        self.stored: set[str] = set()  # retained streams this TE stored tuples on
         self.results: list[pa.Table] = []
         self.statements = 0
         self._registered: list[str] = []
@@ -82,21 +84,18 @@ class Transaction:
         table = conform(table, self.engine.catalog.stream_schemas[stream], f"emit on {stream}")
         if table.num_rows == 0:
             return
-        if stream in self.engine.catalog.transient:
+        if stream not in self.engine.catalog.retained:
             self._emitted(stream, table)
             return
         name = f"__emit__{stream}"
-        self.con.register(name, table)
-        try:
-            cols = ", ".join(quote(c) for c in table.column_names)
-            self.execute(
-                f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
-                f"SELECT *, ${BATCH_PARAM} FROM {quote(name)}",
-                {BATCH_PARAM: self.batch_id},
-            )
-        finally:
-            self.con.unregister(name)
-        self._emitted(stream, table)
+        self._register(name, table)
+        cols = ", ".join(quote(c) for c in table.column_names)
+        self.execute(
+            f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
+            f"SELECT *, ${BATCH_PARAM} FROM {quote(name)}",
+            {BATCH_PARAM: self.batch_id},
+        )
+        self.stored.add(stream)
 
     def abort(self, reason: str) -> None:
         raise Aborted(reason)
@@ -126,11 +125,8 @@ class Transaction:
             self._register(batch_relation(self.input_stream), self.batch)
 
     def close(self) -> None:
-        for name in self._registered:
-            try:
-                self.con.unregister(name)
-            except duckdb.Error:
-                pass
+        """Ends the TE. Registered relations stay (the next TE's register replaces them):
+        unregistering costs as much as a statement."""
         self._registered.clear()
 
     def fire_stream_triggers(self, stream: str, rows: pa.Table) -> None:
@@ -156,6 +152,10 @@ class Transaction:
             bound[BATCH_PARAM] = self.batch_id
         cursor = self.execute(compiled.sql, bound)
         if compiled.emits:
+            if compiled.emits in self.engine.catalog.retained:
+                if cursor.fetchone()[0]:
+                    self.stored.add(compiled.emits)
+                return None
             rows = cursor.to_arrow_table()
             if rows.num_rows:
                 self._emitted(compiled.emits, rows)

@@ -24,11 +24,12 @@ import pyarrow as pa
 
 from streamtx.errors import Internal, StreamTxError
 from streamtx.server.ipc import Frame, SocketFrames
-from streamtx.server.partition.dataflow import Dataflow
+from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
+MAX_GROUP = 256  # queued batches taken in one DuckDB transaction
 
 
 def _die_with_parent(parent: int) -> None:
@@ -57,47 +58,62 @@ class Worker:
 
     def serve(self) -> None:
         threading.Thread(target=self._read_loop, name="ipc-reader", daemon=True).start()
+        held: Frame | None = None
         while True:
-            frame = self.inbox.get()
+            frame = held if held is not None else self.inbox.get()
+            held = None
             if frame is None:
                 return
             header, tables = frame
             if header.get("op") == "shutdown":
                 self.frames.write({"id": header["id"], "ok": True})
                 return
+            if header.get("op") == "push":
+                group = [frame]
+                while len(group) < MAX_GROUP and not self.inbox.empty():
+                    nxt = self.inbox.get_nowait()
+                    if nxt is None or nxt[0].get("op") != "push":
+                        held = nxt if nxt is not None else None
+                        if nxt is None:
+                            self.inbox.put(None)
+                        break
+                    group.append(nxt)
+                self._pushes(group)
+                continue
             try:
                 reply, out_tables = self.handle(header, tables)
-                reply.update(id=header["id"], ok=True)
-            except StreamTxError as e:
-                reply, out_tables = (
-                    {
-                        "id": header["id"],
-                        "ok": False,
-                        "code": e.code.value[0],
-                        "message": e.message,
-                    },
-                    [],
-                )
-            except Exception as e:  # a bug: report it, keep serving
-                traceback.print_exc(file=sys.stderr)
-                err = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
-                reply, out_tables = (
-                    {
-                        "id": header["id"],
-                        "ok": False,
-                        "code": err.code.value[0],
-                        "message": err.message,
-                    },
-                    [],
-                )
-            self.frames.write(reply, out_tables)
+            except Exception as e:
+                self._error(header, e)
+                continue
+            self._ok(header, reply, out_tables)
+
+    def _pushes(self, group: list[Frame]) -> None:
+        """Queued batches go to the dataflow together: one DuckDB transaction when none aborts."""
+        pushes = [Push(h["stream"], h["producer"], h["batch_id"], h["ts"], t[0]) for h, t in group]
+        try:
+            results: list[Any] = self.dataflow.run_pushes(pushes)
+        except Exception as e:
+            results = [e] * len(group)
+        for (h, _), result in zip(group, results, strict=True):
+            if isinstance(result, Exception):
+                self._error(h, result)
+            else:
+                self._ok(h, result.header(), [])
+
+    def _ok(self, header: dict[str, Any], reply: dict[str, Any], tables: list[pa.Table]) -> None:
+        reply.update(id=header["id"], ok=True)
+        self.frames.write(reply, tables)
+
+    def _error(self, header: dict[str, Any], e: Exception) -> None:
+        """A StreamTxError is the client's answer; anything else is a bug, reported, and we keep serving."""
+        if not isinstance(e, StreamTxError):
+            traceback.print_exception(e, file=sys.stderr)
+            e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
+        self.frames.write({"id": header["id"], "ok": False, "code": e.code.value[0], "message": e.message})
 
     def handle(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
         op = h["op"]
         eng = self.engine
-        if op == "push":
-            out = self.dataflow.run_push(h["stream"], h["producer"], h["batch_id"], h["ts"], tables[0])
-            return out.header(), []
         if op == "reject":
             out = self.dataflow.run_reject(h["stream"], h["producer"], h["batch_id"], h["ts"], h["code"], h["reason"])
             return out.header(), []
