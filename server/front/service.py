@@ -125,12 +125,13 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         finally:
             self.front.admission.release()
 
-    def _start_push(self, request: pb.PushRequest) -> asyncio.Future:
+    def _start_push(self, request: pb.PushRequest, ack: pb.PushAck) -> asyncio.Future:
         front = self.front
         what = f"push to {request.stream!r} (producer {request.producer_id!r}, batch {request.batch_id})"
         schema = front.check_push(request.stream, request.producer_id, request.batch_id)
         try:
             table = decode_rowdata(request.data, schema, what)
+            ack.rows = table.num_rows
             front.check_rows(request.stream, table)
         except StreamTxError as e:  # a well-addressed batch with bad rows: its id is used up, rejected
             return front.reject(request.stream, request.producer_id, request.batch_id, e)
@@ -139,7 +140,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     async def _push(self, request: pb.PushRequest) -> pb.PushAck:
         ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
-            outcome = await self._start_push(request)
+            outcome = await self._start_push(request, ack)
         except StreamTxError as e:
             self.front.counters["rejected"] += 1
             ack.outcome = pb.REJECTED

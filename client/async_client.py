@@ -1,0 +1,493 @@
+"""The asyncio client: the one implementation of the streamtx wire protocol in Python.
+
+Pushes are pipelined over ONE long-lived bidirectional `PushStream` call, because
+a round trip per batch caps ingest at a few thousand batches per second (see
+DESIGN.md, "Facts"). Each batch is acknowledged by an ack naming it; a future
+per batch resolves when its ack arrives. A window of `max_in_flight` admitted
+but unacknowledged batches bounds memory on both ends. When the stream breaks,
+unacknowledged batches are re-sent with the same batch ids: the server's
+exactly-once dedup turns any that were already applied into DUPLICATE acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import itertools
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+import pyarrow as pa
+from google.protobuf.message import Message
+
+from streamtx import errors, wire
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
+
+from .results import DeployResult, PushResult, Result
+
+DEFAULT_TARGET = "127.0.0.1:7411"
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+_BACKOFF_BASE_S = 0.1
+_BACKOFF_MAX_S = 5.0
+# What grpc.aio reports when a client write fails because the call already ended.
+_CORE_INTERNAL = "Internal error from Core"
+
+#: (stream, producer_id, batch_id): how an ack names its batch.
+BatchKey = tuple[str, str, int]
+
+
+def to_table(rows: Any) -> pa.Table:
+    """Normalises the row shapes `push` accepts into one pyarrow Table.
+
+    Accepted: a pyarrow Table or RecordBatch, a pandas DataFrame (its index is
+    dropped), a list of dicts (one per row) or a dict of column lists. Types
+    are inferred here and cast to the stream's declared types by the server.
+    """
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    pd = sys.modules.get("pandas")  # only a DataFrame if pandas is already loaded
+    if pd is not None and isinstance(rows, pd.DataFrame):
+        return pa.Table.from_pandas(rows, preserve_index=False)
+    if isinstance(rows, Mapping):
+        try:
+            return pa.table({str(k): v for k, v in rows.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"cannot convert column dict to a table: {e}") from None
+    if isinstance(rows, list | tuple):
+        if not all(isinstance(r, Mapping) for r in rows):
+            raise TypeError("a list of rows must contain dicts (column name -> value)")
+        try:
+            return pa.Table.from_pylist(list(rows))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
+            raise errors.InvalidArgument(f"cannot convert row dicts to a table: {e}") from None
+    raise TypeError(
+        "rows must be a pyarrow Table/RecordBatch, a pandas DataFrame, a list of dicts "
+        f"or a dict of column lists, not {type(rows).__name__}"
+    )
+
+
+def rowdata_to_result(data: pb.RowData, what: str = "result") -> Result:
+    """A Result from a RowData; servers send Arrow IPC, protobuf rows are tolerated."""
+    fmt = data.WhichOneof("format")
+    if fmt == "arrow_ipc":
+        return Result(wire.ipc_to_table(data.arrow_ipc, what))
+    if fmt == "rows":
+        names = list(data.rows.columns)
+        columns: list[list[Any]] = [[] for _ in names]
+        for row in data.rows.rows:
+            for c, value in enumerate(row.values):
+                columns[c].append(wire.value_to_py(value))
+        return Result(pa.table(dict(zip(names, columns, strict=True))))
+    return Result(pa.table({}))
+
+
+def message_to_dict(msg: Message) -> dict[str, Any]:
+    """A plain dict of a protobuf message, keeping int64 as int (MessageToDict makes strings)."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            nested = f.message_type.fields_by_name["value"].message_type is not None
+            out[f.name] = {k: message_to_dict(v) if nested else v for k, v in value.items()}
+        elif f.is_repeated:
+            out[f.name] = [message_to_dict(v) if f.message_type else v for v in value]
+        elif f.message_type is not None:
+            out[f.name] = message_to_dict(value)
+        else:
+            out[f.name] = value
+    return out
+
+
+def _backoff(attempt: int) -> float:
+    return min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * (2**attempt))
+
+
+def _mapped(e: grpc.aio.AioRpcError) -> errors.StreamTxError:
+    return errors.error_for(e.code(), e.details() or e.code().name)
+
+
+@dataclass
+class _InFlight:
+    """One admitted, unacknowledged batch: what to (re-)send and whom to tell."""
+
+    request: pb.PushRequest
+    future: asyncio.Future[PushResult]
+    rows: int
+
+
+class AsyncClient:
+    """asyncio client for a streamtx server.
+
+    Use as `async with AsyncClient(...) as c:`; all methods must be awaited on
+    the loop the client is first used on. Every gRPC failure surfaces as a
+    `streamtx.errors.StreamTxError` subclass, never as a raw grpc.RpcError.
+    """
+
+    def __init__(
+        self,
+        target: str = DEFAULT_TARGET,
+        *,
+        token: str | None = None,
+        producer_id: str | None = None,
+        max_in_flight: int = 256,
+        arrow: bool = True,
+        retries: int = 5,
+        timeout: float | None = None,
+    ) -> None:
+        if max_in_flight < 1:
+            raise ValueError("max_in_flight must be >= 1")
+        if retries < 0:
+            raise ValueError("retries must be >= 0")
+        self.target = target
+        self.producer_id = producer_id or str(uuid.uuid4())
+        self.max_in_flight = max_in_flight
+        self.arrow = arrow
+        self.retries = retries
+        self.timeout = timeout
+        self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.StreamTxStub | None = None
+        self._closed = False
+        self._next_batch: dict[str, int] = {}
+        # Pipelining state (created on the loop, on first push).
+        self._window: asyncio.Semaphore | None = None
+        self._seq = itertools.count()
+        self._inflight: dict[int, _InFlight] = {}  # send order = insertion order
+        self._by_key: dict[BatchKey, collections.deque[int]] = {}
+        self._sendq: asyncio.Queue[pb.PushRequest | None] | None = None
+        self._pipe_task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def __aenter__(self) -> AsyncClient:
+        self._ensure_stub()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        await self.close(flush=exc_type is None)
+
+    async def close(self, flush: bool = True) -> None:
+        """Closes the connection; by default first waits for every in-flight batch's ack."""
+        if self._closed:
+            return
+        if flush and self._inflight:
+            with contextlib.suppress(Exception):
+                await self.flush()
+        self._closed = True
+        task = self._pipe_task
+        if task is not None and not task.done():
+            if self._sendq is not None:
+                self._sendq.put_nowait(None)  # half-close: the server ends the stream
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, timeout=1.0)
+        self._fail_all(errors.Unavailable("client closed before the batch was acknowledged"))
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = None
+        self._stub = None
+
+    def _ensure_stub(self) -> pb_grpc.StreamTxStub:
+        if self._closed:
+            raise errors.FailedPrecondition("client is closed")
+        if self._stub is None:
+            self._channel = grpc.aio.insecure_channel(
+                self.target,
+                options=[
+                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                    # Reconnect quickly after a server restart so push retries can succeed.
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.min_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 2000),
+                ],
+            )
+            self._stub = pb_grpc.StreamTxStub(self._channel)
+        return self._stub
+
+    # -- unary calls -----------------------------------------------------------
+
+    async def _unary(self, name: str, request: Message, *, retry: bool) -> Any:
+        """Calls one unary RPC, mapping errors; retries UNAVAILABLE only when `retry`."""
+        stub = self._ensure_stub()
+        fn = getattr(stub, name)
+        attempt = 0
+        while True:
+            try:
+                return await fn(request, metadata=self._metadata, timeout=self.timeout)
+            except grpc.aio.AioRpcError as e:
+                if retry and e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    await asyncio.sleep(_backoff(attempt))
+                    attempt += 1
+                    continue
+                raise _mapped(e) from None
+
+    async def deploy(self, sql: str) -> DeployResult:
+        """Deploys a script (DDL, streams, windows, procedures, triggers) atomically."""
+        resp = await self._unary("Deploy", pb.DeployRequest(sql=sql), retry=False)
+        return DeployResult.from_proto(resp)
+
+    async def call(self, procedure: str, **params: Any) -> list[Result]:
+        """Runs an OLTP procedure; one Result per result-producing statement.
+
+        Not retried: a call may have committed before the connection broke.
+        """
+        req = pb.CallRequest(procedure=procedure, params=wire.params_to_proto(params))
+        resp = await self._unary("Call", req, retry=False)
+        return [rowdata_to_result(r, f"{procedure} result {i}") for i, r in enumerate(resp.results)]
+
+    async def query(self, sql: str, params: Mapping[str, Any] | None = None) -> Result:
+        """Read-only SQL over the committed state; `params` are bound as `$name`."""
+        req = pb.QueryRequest(sql=sql, params=wire.params_to_proto(params))
+        resp = await self._unary("Query", req, retry=True)
+        return rowdata_to_result(resp.result, "query result")
+
+    async def status(self) -> dict[str, Any]:
+        """Server version, partitions, catalog and counters as a plain dict."""
+        resp = await self._unary("Status", pb.StatusRequest(), retry=True)
+        return message_to_dict(resp)
+
+    async def subscribe(self, stream: str, from_batch: int = 0) -> AsyncIterator[tuple[int, Result]]:
+        """Yields (batch_id, Result) for the committed batches of `stream`, in order.
+
+        A stream's batch ids are the sequencer timestamps of the batches. The
+        iteration follows the stream live and does not end by itself; wrap it
+        in `contextlib.aclosing` to cancel the call when breaking out early. A
+        broken connection (UNAVAILABLE) is resumed after the last delivered
+        batch id, up to `retries` times in a row.
+        """
+        stub = self._ensure_stub()
+        next_batch = from_batch
+        attempt = 0
+        while True:
+            call = stub.Subscribe(
+                pb.SubscribeRequest(stream=stream, from_batch=next_batch),
+                metadata=self._metadata,
+            )
+            try:
+                async for batch in call:
+                    attempt = 0
+                    next_batch = batch.batch_id + 1
+                    yield batch.batch_id, rowdata_to_result(batch.data, f"{stream} batch")
+                return
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    await asyncio.sleep(_backoff(attempt))
+                    attempt += 1
+                    continue
+                raise _mapped(e) from None
+            finally:
+                call.cancel()
+
+    # -- pushes ----------------------------------------------------------------
+
+    def _batch_id(self, stream: str, batch_id: int | None) -> int:
+        """The next per-stream batch id; explicit ids move the counter past them."""
+        nxt = self._next_batch.get(stream, 1)
+        if batch_id is None:
+            batch_id = nxt
+        self._next_batch[stream] = max(nxt, batch_id + 1)
+        return batch_id
+
+    def _encode(self, rows: Any) -> tuple[pb.RowData, int]:
+        table = to_table(rows)
+        return wire.encode_rowdata(table, arrow=self.arrow), table.num_rows
+
+    async def push_one(self, stream: str, rows: Any, *, batch_id: int | None = None) -> PushResult:
+        """Pushes one batch with a unary call and waits for its outcome.
+
+        Simple but one round trip per batch; use `push` for throughput. Retried
+        on UNAVAILABLE with the same batch id (dedup makes that safe).
+        """
+        data, nrows = self._encode(rows)
+        req = pb.PushRequest(
+            stream=stream,
+            producer_id=self.producer_id,
+            batch_id=self._batch_id(stream, batch_id),
+            data=data,
+        )
+        ack = await self._unary("Push", req, retry=True)
+        return PushResult.from_ack(ack, rows=nrows)
+
+    async def push(self, stream: str, rows: Any, *, batch_id: int | None = None) -> asyncio.Future[PushResult]:
+        """Sends one atomic batch on the shared PushStream; returns a future of its ack.
+
+        Awaiting `push` waits only for admission (fewer than `max_in_flight`
+        batches unacknowledged); await the returned future for the outcome.
+        Batch ids are assigned at admission, so they follow the send order; the
+        server takes a producer's batches in batch-id order starting at 1.
+
+        If the stream breaks, unacknowledged batches are re-sent with the same
+        ids; one that had been applied before the break then resolves as
+        "duplicate" with `original == "committed"`. If the stream cannot be
+        re-established within `retries` attempts, the futures fail with the
+        mapped StreamTxError (Unavailable for transport failures).
+        """
+        self._ensure_stub()
+        data, nrows = self._encode(rows)
+        if self._window is None:
+            self._window = asyncio.Semaphore(self.max_in_flight)
+        await self._window.acquire()
+        if self._closed:
+            self._window.release()
+            raise errors.FailedPrecondition("client is closed")
+        req = pb.PushRequest(
+            stream=stream,
+            producer_id=self.producer_id,
+            batch_id=self._batch_id(stream, batch_id),
+            data=data,
+        )
+        fut: asyncio.Future[PushResult] = asyncio.get_running_loop().create_future()
+        seq = next(self._seq)
+        self._inflight[seq] = _InFlight(req, fut, nrows)
+        key: BatchKey = (req.stream, req.producer_id, req.batch_id)
+        self._by_key.setdefault(key, collections.deque()).append(seq)
+        fut.add_done_callback(lambda _f, seq=seq, key=key: self._forget(seq, key))
+        if self._pipe_task is None or self._pipe_task.done():
+            self._sendq = asyncio.Queue()
+            self._pipe_task = asyncio.get_running_loop().create_task(self._run_pipe(), name="streamtx-push-stream")
+            # _run_pipe (re-)sends everything in self._inflight, including this batch.
+        else:
+            assert self._sendq is not None
+            self._sendq.put_nowait(req)
+        return fut
+
+    @property
+    def in_flight(self) -> int:
+        """Batches admitted and not yet acknowledged."""
+        return len(self._inflight)
+
+    async def flush(self) -> list[PushResult]:
+        """Waits for every batch in flight now; returns their results in send order.
+
+        Raises the first failure (e.g. the stream could not be re-established)
+        after all of them have settled.
+        """
+        futures = [e.future for e in self._inflight.values()]
+        if not futures:
+            return []
+        settled = await asyncio.gather(*futures, return_exceptions=True)
+        for r in settled:
+            if isinstance(r, BaseException):
+                raise r
+        return list(settled)
+
+    def _forget(self, seq: int, key: BatchKey) -> _InFlight | None:
+        """Drops a batch from the books and frees its window slot (idempotent).
+
+        Runs synchronously when an ack or failure settles the batch (so the
+        pipe never re-sends a settled batch), and again as the future's done
+        callback, which covers a caller cancelling the future.
+        """
+        entry = self._inflight.pop(seq, None)
+        if entry is not None:
+            seqs = self._by_key.get(key)
+            if seqs is not None:
+                with contextlib.suppress(ValueError):
+                    seqs.remove(seq)
+                if not seqs:
+                    del self._by_key[key]
+            if self._window is not None:
+                self._window.release()
+        return entry
+
+    def _on_ack(self, ack: pb.PushAck) -> None:
+        key: BatchKey = (ack.stream, ack.producer_id, ack.batch_id)
+        seqs = self._by_key.get(key)
+        if not seqs:
+            return  # not ours (or already settled): nothing waits for it
+        entry = self._forget(seqs[0], key)
+        if entry is not None and not entry.future.done():
+            entry.future.set_result(PushResult.from_ack(ack, rows=entry.rows))
+
+    def _fail_all(self, exc: BaseException) -> None:
+        for seq, entry in list(self._inflight.items()):
+            req = entry.request
+            self._forget(seq, (req.stream, req.producer_id, req.batch_id))
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+                # Mark retrieved: a caller may drop futures it does not care about.
+                entry.future.exception()
+
+    async def _run_pipe(self) -> None:
+        """Owns the PushStream call: (re)opens it, re-sends unacked batches, reads acks."""
+        failures = 0
+        while not self._closed:
+            stub = self._ensure_stub()
+            queue: asyncio.Queue[pb.PushRequest | None] = asyncio.Queue()
+            for entry in self._inflight.values():
+                queue.put_nowait(entry.request)
+            self._sendq = queue  # from here on, push() enqueues for this call
+            call = stub.PushStream(metadata=self._metadata)
+            writer = asyncio.get_running_loop().create_task(self._write(call, queue))
+            acked = 0
+            exc: errors.StreamTxError | None = None
+            transport = True
+            try:
+                while True:
+                    ack = await call.read()
+                    if ack is grpc.aio.EOF:
+                        break
+                    acked += 1
+                    self._on_ack(ack)
+            except grpc.aio.AioRpcError as e:
+                exc = _mapped(e)
+                transport = e.code() == grpc.StatusCode.UNAVAILABLE
+                if e.code() == grpc.StatusCode.INTERNAL and e.details() == _CORE_INTERNAL:
+                    cause = await self._probe_cause()
+                    transport = cause is None
+                    exc = cause or errors.Unavailable("push stream broke while sending (the server ended the call)")
+            finally:
+                writer.cancel()
+                call.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await writer
+            if not self._inflight:
+                return  # nothing owed: the next push opens a new call
+            if exc is None:
+                exc = errors.Unavailable(f"push stream ended with {len(self._inflight)} unacknowledged batch(es)")
+            if acked:
+                failures = 0
+            if self._closed or not transport or failures >= self.retries:
+                self._fail_all(exc)
+                return
+            await asyncio.sleep(_backoff(failures))
+            failures += 1
+
+    async def _probe_cause(self) -> errors.StreamTxError | None:
+        """Asks a unary call why the server may have refused the stream.
+
+        When a write races the end of a call, grpc.aio replaces the server's
+        status with INTERNAL "Internal error from Core", losing e.g. an
+        UNAUTHENTICATED. A Status call with the same credentials recovers
+        refusals that will not go away by retrying; anything else is treated
+        as a broken connection.
+        """
+        if self._stub is None:
+            return None
+        try:
+            await self._stub.Status(pb.StatusRequest(), metadata=self._metadata, timeout=5)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                return _mapped(e)
+        return None
+
+    @staticmethod
+    async def _write(call: Any, queue: asyncio.Queue[pb.PushRequest | None]) -> None:
+        """The single writer of one call (gRPC allows one outstanding write)."""
+        with contextlib.suppress(Exception):
+            while True:
+                req = await queue.get()
+                if req is None:
+                    await call.done_writing()
+                    return
+                await call.write(req)

@@ -1,0 +1,628 @@
+"""The `streamtx` command: run a server, deploy applications, push data, query state.
+
+Client subcommands talk to a running server (`--target`, env STREAMTX_TARGET);
+`serve` runs one. Server errors print one line, `error: <CODE>: <message>`, on
+stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import inspect
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamtx.errors import StreamTxError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from rich.console import Console
+    from rich.table import Table
+
+    from streamtx.client import Result
+
+DEFAULT_TARGET = "127.0.0.1:7411"
+EXIT_OK, EXIT_REJECTED, EXIT_ERROR = 0, 1, 2
+
+_FILE_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "json",
+    ".ndjson": "json",
+    ".json": "json",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    from streamtx.server.config import ServerConfig
+
+    parser = argparse.ArgumentParser(
+        prog="streamtx",
+        description="A transactional stream-processing server (S-Store dataflows, "
+        "TStream operation chains, exactly-once) and its command-line client.",
+    )
+    parser.add_argument("--version", action="version", version=f"streamtx {_version()}")
+    parser.add_argument(
+        "--target",
+        metavar="HOST:PORT",
+        default=os.environ.get("STREAMTX_TARGET") or DEFAULT_TARGET,
+        help="server address for client commands (env STREAMTX_TARGET; default %(default)s)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("STREAMTX_TOKEN") or None,
+        help="bearer token sent on every call (env STREAMTX_TOKEN)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "deploy",
+        help="deploy a SQL script (tables, streams, windows, procedures, triggers, DROPs)",
+        description="Deploys a script atomically: every statement or none. Prints what "
+        "was created and dropped. FILE may be '-' for standard input.",
+    )
+    p.add_argument("file", metavar="FILE", help="the SQL script ('-' reads stdin)")
+
+    p = sub.add_parser(
+        "sql",
+        help="run a read-only query and print the result",
+        description="Runs read-only SQL over the current committed state (Query RPC) and prints the result as a table.",
+    )
+    p.add_argument("query", metavar="SQL", help='the query, e.g. "SELECT * FROM votes"')
+    p.add_argument(
+        "param",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="parameters bound as $NAME (values parsed as int, float, else string)",
+    )
+    p.add_argument("--max-rows", type=int, default=1000, help="rows to print (default %(default)s)")
+
+    p = sub.add_parser(
+        "call",
+        help="call an OLTP stored procedure",
+        description="Runs one OLTP transaction: calls PROC with the given parameters and "
+        "prints every result table it returns.",
+    )
+    p.add_argument("procedure", metavar="PROC", help="procedure name")
+    p.add_argument(
+        "param",
+        nargs="*",
+        metavar="NAME=VALUE",
+        help="procedure parameters (values parsed as int, then float, else string)",
+    )
+    p.add_argument("--max-rows", type=int, default=1000, help="rows to print per result")
+
+    p = sub.add_parser(
+        "push",
+        help="push a CSV, Parquet or JSON-lines file onto a stream in atomic batches",
+        description="Reads FILE with pyarrow and pushes it onto STREAM in atomic batches of "
+        "--batch-size rows, pipelined over one PushStream call. Prints how many batches "
+        "were committed, duplicate or rejected; exits 1 if any batch was rejected. "
+        "Re-running with the same --producer-id re-sends the same batch ids, which the "
+        "server acknowledges as duplicates (exactly-once).",
+    )
+    p.add_argument("stream", metavar="STREAM", help="target stream")
+    p.add_argument(
+        "--file",
+        "-f",
+        required=True,
+        type=Path,
+        help="input file: .csv, .tsv, .parquet, .jsonl/.ndjson/.json",
+    )
+    p.add_argument(
+        "--format",
+        choices=sorted(set(_FILE_FORMATS.values())),
+        help="file format (default: from the file extension)",
+    )
+    p.add_argument("--batch-size", "-n", type=int, default=1000, help="rows per batch (default %(default)s)")
+    p.add_argument("--producer-id", help="producer id for exactly-once dedup (default: a random uuid)")
+    p.add_argument(
+        "--first-batch-id",
+        type=int,
+        default=1,
+        help="batch id of the first batch (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=256,
+        help="unacknowledged batches allowed at once (default %(default)s)",
+    )
+    p.add_argument(
+        "--protobuf",
+        action="store_true",
+        help="send typed protobuf rows instead of Arrow IPC",
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    sub.add_parser(
+        "status",
+        help="show server version, partitions, catalog and counters",
+        description="Prints the server status: version, executor, partitions, catalog objects and counters.",
+    )
+
+    defaults = ServerConfig()
+    p = sub.add_parser(
+        "serve",
+        help="run a server (embedded single partition by default)",
+        description="Runs a streamtx server in the foreground until interrupted. With no "
+        f"flags: one partition on {defaults.host}:{defaults.port}, data in "
+        f"./{defaults.data_dir}.",
+    )
+    p.add_argument("--host", default=defaults.host, help="interface to listen on (default %(default)s)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=defaults.port,
+        help="port; 0 picks a free one (default %(default)s)",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=defaults.data_dir,
+        help="directory for snapshots and command logs (default %(default)s)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=defaults.partitions,
+        help="partition processes, each one thread with its own DuckDB (default %(default)s)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=["serial", "opchain"],
+        default=defaults.executor,
+        help="batch executor: serial (S-Store) or opchain (TStream operation chains) (default %(default)s)",
+    )
+    p.add_argument(
+        "--procedures-path",
+        type=Path,
+        default=defaults.procedures_path,
+        help="directory of Python procedures loaded at start-up (default %(default)s)",
+    )
+    p.add_argument(
+        "--token",
+        dest="serve_token",
+        metavar="TOKEN",
+        default=None,
+        help="bearer token clients must send (default: the global --token or STREAMTX_TOKEN; "
+        "none means no authentication)",
+    )
+    p.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop, not uvloop")
+    p.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=defaults.max_batch_rows,
+        help="largest atomic batch accepted, in rows (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-message-bytes",
+        type=int,
+        default=defaults.max_message_bytes,
+        help="largest gRPC message accepted (default %(default)s)",
+    )
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=defaults.max_in_flight,
+        help="pushed batches admitted but not yet acknowledged, per server; beyond it "
+        "pushes wait (default %(default)s)",
+    )
+    p.add_argument(
+        "--stream-retention",
+        type=int,
+        default=defaults.stream_retention,
+        help="batches kept on a stream no procedure consumes, for Subscribe (default %(default)s)",
+    )
+    p.add_argument(
+        "--order-timeout",
+        type=float,
+        default=defaults.order_timeout_s,
+        help="seconds a batch waits for a missing earlier batch id (default %(default)s)",
+    )
+    p.add_argument(
+        "--bins",
+        type=int,
+        default=defaults.bins,
+        help="partitioning bins: bin = hash(key) mod BINS (default %(default)s)",
+    )
+
+    for name, helptext in (
+        ("demo", "run the voter leaderboard demo (arguments are passed on; try 'demo --help')"),
+        ("bench", "run benchmarks (arguments are passed on; try 'bench --help')"),
+    ):
+        sub.add_parser(name, help=helptext, description=helptext, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `streamtx` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    split = _forwarded_split(argv)
+    if split is not None:  # demo/bench: their arguments go through untouched, in order
+        parser.parse_args(argv[: split + 1])
+        return _run_forwarded(argv[split], argv[split + 1 :])
+    args = parser.parse_args(argv)
+    handler = _COMMANDS[args.command]
+    try:
+        return handler(args)
+    except StreamTxError as e:
+        print(f"error: {e.code.name}: {e.message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# -- helpers -----------------------------------------------------------------------
+
+_FORWARDED = ("demo", "bench")
+_GLOBAL_WITH_VALUE = ("--target", "--token")
+
+
+def _forwarded_split(argv: Sequence[str]) -> int | None:
+    """Index of a demo/bench subcommand in argv (after the global options), else None."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in _GLOBAL_WITH_VALUE:
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return i if arg in _FORWARDED else None
+    return None
+
+
+def _version() -> str:
+    from streamtx import __version__
+
+    return __version__
+
+
+def _console(stderr: bool = False) -> Console:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False)
+
+
+def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"token": args.token}
+
+
+def parse_value(text: str) -> int | float | str:
+    """A command-line parameter value: int if it parses, then float, else the string."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def parse_params(items: Sequence[str]) -> dict[str, int | float | str]:
+    """NAME=VALUE pairs into a dict; a malformed pair is an InvalidArgument."""
+    from streamtx.errors import InvalidArgument
+
+    params: dict[str, int | float | str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InvalidArgument(f"parameter {item!r} is not NAME=VALUE")
+        params[name] = parse_value(value)
+    return params
+
+
+def result_table(result: Result, title: str | None = None, max_rows: int = 1000) -> Table:
+    """A rich Table for a Result (NULLs shown as NULL, long results truncated)."""
+    from rich.table import Table
+
+    arrow = result.arrow()
+    table = Table(title=title, show_lines=False)
+    for field in arrow.schema:
+        justify = "right" if _is_numeric(field.type) else "left"
+        table.add_column(f"{field.name}\n[dim]{field.type}[/dim]", justify=justify)
+    shown = arrow.slice(0, max(0, max_rows))
+    for row in zip(*(col.to_pylist() for col in shown.columns), strict=True):
+        table.add_row(*("[dim]NULL[/dim]" if v is None else _escape(str(v)) for v in row))
+    n = arrow.num_rows
+    more = n - shown.num_rows
+    caption = f"{n} row{'s' if n != 1 else ''}"
+    table.caption = f"{caption} ({more} not shown)" if more else caption
+    return table
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _is_numeric(t: pa.DataType) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)
+
+
+def read_table(path: Path, fmt: str | None = None) -> pa.Table:
+    """Reads a CSV/TSV, Parquet or JSON-lines file into an Arrow table."""
+    from streamtx.errors import InvalidArgument
+
+    fmt = fmt or _FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise InvalidArgument(f"{path}: unknown file type {path.suffix!r}; use --format csv|tsv|parquet|json")
+    if not path.exists():
+        raise InvalidArgument(f"{path}: no such file")
+    try:
+        if fmt in ("csv", "tsv"):
+            import pyarrow.csv as pacsv
+
+            parse = pacsv.ParseOptions(delimiter="\t" if fmt == "tsv" else ",")
+            return pacsv.read_csv(path, parse_options=parse)
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return pq.read_table(path)
+        import pyarrow.json as pajson
+
+        return pajson.read_json(path)
+    except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError
+        raise InvalidArgument(f"{path}: cannot read as {fmt}: {e}") from None
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+    from streamtx.errors import InvalidArgument
+
+    try:
+        sql = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+    except OSError as e:
+        raise InvalidArgument(f"{args.file}: {e.strerror or e}") from None
+    with Client(args.target, **_client_kwargs(args)) as c:
+        result = c.deploy(sql)
+    console = _console()
+    for kind, name in result.created:
+        console.print(f"[green]created[/green] {kind} {_escape(name)}")
+    for kind, name in result.dropped:
+        console.print(f"[red]dropped[/red] {kind} {_escape(name)}")
+    if not result.created and not result.dropped:
+        console.print("nothing changed")
+    return EXIT_OK
+
+
+def _cmd_sql(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+
+    params = parse_params(args.param)
+    with Client(args.target, **_client_kwargs(args)) as c:
+        result = c.query(args.query, params or None)
+    _console().print(result_table(result, max_rows=args.max_rows))
+    return EXIT_OK
+
+
+def _cmd_call(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+
+    params = parse_params(args.param)
+    with Client(args.target, **_client_kwargs(args)) as c:
+        results = c.call(args.procedure, **params)
+    console = _console()
+    if not results:
+        console.print(f"{args.procedure}: ok (no results)")
+    for i, result in enumerate(results):
+        title = f"result {i + 1}" if len(results) > 1 else None
+        console.print(result_table(result, title=title, max_rows=args.max_rows))
+    return EXIT_OK
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from streamtx.client import Client
+
+    with Client(args.target, **_client_kwargs(args)) as c:
+        status = c.status()
+    console = _console()
+
+    summary = Table(title="server", show_header=False)
+    summary.add_column("key", style="bold")
+    summary.add_column("value")
+    summary.add_row("target", _escape(args.target))
+    summary.add_row("version", str(status.get("version", "")))
+    summary.add_row("executor", str(status.get("executor", "")))
+    summary.add_row("last timestamp", str(status.get("last_timestamp", "")))
+    for kind in ("tables", "streams", "windows", "procedures", "triggers"):
+        names = status.get(kind) or []
+        summary.add_row(kind, _escape(", ".join(names)) if names else "[dim]-[/dim]")
+    console.print(summary)
+
+    partitions = status.get("partitions") or []
+    if partitions:
+        pt = Table(title="partitions")
+        for col in ("id", "pid", "alive", "queued", "error"):
+            pt.add_column(col, justify="right" if col in ("id", "pid", "queued") else "left")
+        for p in partitions:
+            alive = "[green]yes[/green]" if p.get("alive") else "[red]no[/red]"
+            pt.add_row(
+                str(p.get("id", "")),
+                str(p.get("pid", "")),
+                alive,
+                str(p.get("queued", "")),
+                _escape(str(p.get("error", ""))),
+            )
+        console.print(pt)
+
+    counters = status.get("counters") or {}
+    if counters:
+        ct = Table(title="counters")
+        ct.add_column("counter")
+        ct.add_column("value", justify="right")
+        for name in sorted(counters):
+            ct.add_row(_escape(name), f"{counters[name]:,}")
+        console.print(ct)
+    return EXIT_OK
+
+
+def _cmd_push(args: argparse.Namespace) -> int:
+    from streamtx.errors import InvalidArgument
+
+    if args.batch_size < 1:
+        raise InvalidArgument("--batch-size must be >= 1")
+    if args.max_in_flight < 1:
+        raise InvalidArgument("--max-in-flight must be >= 1")
+    table = read_table(args.file, args.format)
+    counts, rejected = asyncio.run(_push_table(args, table))
+    console = _console()
+    total = sum(counts.values())
+    console.print(
+        f"{args.stream}: {total} batch(es), {table.num_rows} row(s): "
+        f"[green]{counts['committed']} committed[/green], "
+        f"[yellow]{counts['duplicate']} duplicate[/yellow], "
+        f"[red]{counts['rejected']} rejected[/red]"
+    )
+    for r in rejected[:5]:
+        code = r.code.name if r.code is not None else "UNKNOWN"
+        console.print(f"  batch {r.batch_id} rejected: {code}: {_escape(r.reason)}")
+    if len(rejected) > 5:
+        console.print(f"  ... and {len(rejected) - 5} more rejected batch(es)")
+    return EXIT_REJECTED if counts["rejected"] else EXIT_OK
+
+
+async def _push_table(args: argparse.Namespace, table: pa.Table) -> tuple[Counter[str], list[Any]]:
+    """Pushes `table` in slices over one pipelined stream, updating a progress bar."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from streamtx.client import AsyncClient, PushResult
+
+    counts: Counter[str] = Counter({"committed": 0, "duplicate": 0, "rejected": 0})
+    rejected: list[PushResult] = []
+    n = table.num_rows
+    size = args.batch_size
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rows"),
+        TextColumn("{task.fields[batches]} batches, {task.fields[rate]} batches/s"),
+        TimeElapsedColumn(),
+        console=_console(stderr=True),
+        disable=args.quiet,
+    )
+    started = time.perf_counter()
+    futures: list[asyncio.Future[PushResult]] = []
+    async with AsyncClient(
+        args.target,
+        token=args.token,
+        producer_id=args.producer_id,
+        max_in_flight=args.max_in_flight,
+        arrow=not args.protobuf,
+    ) as client:
+        with progress:
+            task = progress.add_task(args.stream, total=n, batches=0, rate="0")
+
+            def on_ack(fut: asyncio.Future[PushResult], rows: int) -> None:
+                if fut.cancelled() or fut.exception() is not None:
+                    return
+                result = fut.result()
+                counts[result.outcome] += 1
+                if result.outcome == "rejected":
+                    rejected.append(result)
+                done = sum(counts.values())
+                elapsed = max(time.perf_counter() - started, 1e-9)
+                progress.update(task, advance=rows, batches=done, rate=f"{done / elapsed:,.0f}")
+
+            for i, offset in enumerate(range(0, n, size)):
+                chunk = table.slice(offset, size)
+                fut = await client.push(args.stream, chunk, batch_id=args.first_batch_id + i)
+                fut.add_done_callback(lambda f, rows=chunk.num_rows: on_ack(f, rows))
+                futures.append(fut)
+            settled = await asyncio.gather(*futures, return_exceptions=True)
+    for r in settled:
+        if isinstance(r, BaseException):
+            raise r
+    return counts, rejected
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from streamtx.errors import InvalidArgument
+    from streamtx.server.config import ServerConfig
+
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        partitions=args.partitions,
+        executor=args.executor,
+        procedures_path=args.procedures_path,
+        token=args.serve_token or args.token,
+        use_uvloop=not args.no_uvloop,
+        max_batch_rows=args.max_batch_rows,
+        max_message_bytes=args.max_message_bytes,
+        max_in_flight=args.max_in_flight,
+        stream_retention=args.stream_retention,
+        order_timeout_s=args.order_timeout,
+        bins=args.bins,
+    )
+    try:
+        config.validate()
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
+    from streamtx.server.serve import serve
+
+    outcome = serve(config)
+    if inspect.iscoroutine(outcome):  # tolerate an async serve()
+        asyncio.run(outcome)
+    return EXIT_OK
+
+
+def _run_forwarded(command: str, argv: list[str]) -> int:
+    """Runs `streamtx demo|bench ...` by handing the remaining arguments to their main()."""
+    module = "streamtx.procedures.voter.demo" if command == "demo" else "streamtx.bench"
+    try:
+        sub_main = importlib.import_module(module).main
+    except (ImportError, AttributeError) as e:
+        print(f"error: UNIMPLEMENTED: streamtx {command} is not available ({e})", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        code = sub_main(argv)
+    except StreamTxError as e:
+        print(f"error: {e.code.name}: {e.message}", file=sys.stderr)
+        return EXIT_ERROR
+    return int(code or 0)
+
+
+_COMMANDS = {
+    "deploy": _cmd_deploy,
+    "sql": _cmd_sql,
+    "call": _cmd_call,
+    "push": _cmd_push,
+    "status": _cmd_status,
+    "serve": _cmd_serve,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""`streamtx bench`: the shared helpers, and `bench push --quick` end to end (a real server)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from streamtx.bench import build_parser, main
+from streamtx.bench.common import (
+    Measurement,
+    Stopwatch,
+    emit,
+    interleave,
+    latency_summary,
+    median_round,
+    plot_bars,
+    plot_lines,
+    ratio_line,
+)
+
+RATIO_KEYS = {"benchmark", "ratio", "target", "numerator", "denominator"}
+CONFIG_KEYS = {
+    "benchmark",
+    "encoding",
+    "rpc",
+    "batch_rows",
+    "batches",
+    "rows_per_s",
+    "batches_per_s",
+    "latency_ms",
+}
+
+
+# -- common helpers ----------------------------------------------------------------------
+
+
+def test_emit_writes_one_json_line_per_record(capsys):
+    import numpy as np
+
+    emit({"benchmark": "x", "n": np.int64(3), "v": np.float64(0.5), "bad": float("nan")})
+    emit({"benchmark": "y"})
+    lines = capsys.readouterr().out.splitlines()
+    assert [json.loads(x) for x in lines] == [
+        {"benchmark": "x", "n": 3, "v": 0.5, "bad": None},
+        {"benchmark": "y"},
+    ]
+
+
+def test_ratio_line_has_the_documented_keys():
+    line = ratio_line("push", 2.5, 2, "arrow rows/s", "protobuf rows/s", batch_rows=10)
+    assert line == {
+        "benchmark": "push",
+        "ratio": 2.5,
+        "target": 2,
+        "numerator": "arrow rows/s",
+        "denominator": "protobuf rows/s",
+        "met": True,
+        "batch_rows": 10,
+    }
+    assert ratio_line("push", 1.0, 5, "a", "b")["met"] is False
+
+
+def test_latency_summary_in_milliseconds():
+    s = latency_summary([0.001] * 98 + [0.010, 0.020])
+    assert s["p50"] == pytest.approx(1.0)
+    assert 1.0 < s["p99"] <= 20.0
+    assert s["max"] == pytest.approx(20.0)
+    assert latency_summary([]) == {"p50": None, "p99": None, "max": None}
+
+
+def test_stopwatch_and_measurement():
+    with Stopwatch() as sw:
+        pass
+    assert sw.elapsed >= 0
+    assert Measurement(elapsed=2.0, count=10).per_s == 5.0
+    assert math.isinf(Measurement(elapsed=0.0, count=1).per_s)
+
+
+def test_interleave_alternates_and_median_round_picks_a_whole_round():
+    order = []
+
+    def run(config, r):
+        order.append((config, r))
+        return {"a": [3, 1, 2], "b": [10, 30, 20]}[config][r]
+
+    results = interleave(["a", "b"], run, rounds=3)
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("b", 1), ("a", 2), ("b", 2)]
+    assert results == [[3, 1, 2], [10, 30, 20]]
+    assert median_round(results[0], key=float) == 2
+    assert median_round([4, 1, 3, 2], key=float) == 2  # the lower median for an even count
+    with pytest.raises(ValueError):
+        interleave(["a"], run, rounds=0)
+
+
+def test_plots_write_png(tmp_path):
+    bars = plot_bars(tmp_path / "b.png", ["1", "100"], {"x": [1.0, 1e4], "y": [2.0, None]}, log=True)
+    lines = plot_lines(tmp_path / "l.png", [1, 2, 3], {"x": [1, 2, 3]}, logy=True)
+    for path in (bars, lines):
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_every_verb_has_the_common_flags():
+    parser = build_parser()
+    args = parser.parse_args(["push", "--quick", "--plot", "x.png", "--quiet", "--rounds", "1"])
+    assert (args.verb, args.quick, str(args.plot), args.quiet, args.rounds) == (
+        "push",
+        True,
+        "x.png",
+        True,
+        1,
+    )
+
+
+def test_cli_forwards_bench_arguments(capsys):
+    from streamtx.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "push", "--help"])
+    assert exc.value.code == 0
+    assert "--quick" in capsys.readouterr().out
+
+
+# -- bench push --quick, end to end --------------------------------------------------------
+
+
+@pytest.mark.slow  # ~12 s on an idle 2-core machine, 20 s+ when it is shared
+def test_bench_push_quick(tmp_path, capsys):
+    png = tmp_path / "p.png"
+    assert main(["push", "--quick", "--quiet", "--plot", str(png)]) == 0
+    out = capsys.readouterr().out
+    lines = [json.loads(line) for line in out.splitlines()]  # every line is JSON
+    assert lines and all(line["benchmark"] == "push" for line in lines)
+
+    configs = [line for line in lines if "encoding" in line]
+    found = {(c["encoding"], c["rpc"], c["batch_rows"]) for c in configs}
+    expected = {
+        (e, r, n) for e in ("arrow", "protobuf") for r in ("stream", "unary") for n in (1, 100, 10_000)
+    }
+    assert found == expected
+    assert len(configs) == len(expected)
+    for c in configs:
+        assert CONFIG_KEYS <= c.keys()
+        assert c["rows_per_s"] > 0
+        assert c["batches_per_s"] > 0
+        assert c["rows_per_s"] == pytest.approx(c["batches_per_s"] * c["batch_rows"], rel=0.01)
+        assert set(c["latency_ms"]) == {"p50", "p99", "max"}
+        assert 0 < c["latency_ms"]["p50"] <= c["latency_ms"]["p99"] <= c["latency_ms"]["max"]
+
+    ratios = [line for line in lines if "ratio" in line]
+    assert len(ratios) == 2
+    assert lines[-2:] == ratios  # the ratio lines come last
+    for r in ratios:
+        assert RATIO_KEYS <= r.keys()
+        assert r["ratio"] > 0
+    assert {r["batch_rows"] for r in ratios} == {1, 10_000}
+
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_broken_verb_does_not_take_the_others_down(monkeypatch, capsys):
+    import streamtx.bench as bench
+
+    monkeypatch.setitem(bench.VERBS, "broken", "streamtx.bench.no_such_module")
+    args = bench.build_parser().parse_args(["push", "--quick"])
+    assert args.verb == "push"
+    assert bench.main(["broken", "--whatever"]) == 2
+    assert "streamtx bench broken is not available" in capsys.readouterr().err
