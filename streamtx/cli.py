@@ -44,7 +44,7 @@ _FILE_FORMATS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    from streamtx.server.config import ServerConfig
+    from streamtx.server.config import EXECUTORS, ServerConfig
 
     parser = argparse.ArgumentParser(
         prog="streamtx",
@@ -180,9 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--executor",
-        choices=["serial", "opchain"],
+        choices=EXECUTORS,
         default=defaults.executor,
-        help="batch executor: serial (S-Store) or opchain (TStream operation chains) (default %(default)s)",
+        help="batch executor: serial runs TEs one after another, S-Store style (default %(default)s)",
     )
     p.add_argument(
         "--procedures-path",
