@@ -135,9 +135,7 @@ def test_bench_push_quick(tmp_path, capsys):
 
     configs = [line for line in lines if "encoding" in line]
     found = {(c["encoding"], c["rpc"], c["batch_rows"]) for c in configs}
-    expected = {
-        (e, r, n) for e in ("arrow", "protobuf") for r in ("stream", "unary") for n in (1, 100, 10_000)
-    }
+    expected = {(e, r, n) for e in ("arrow", "protobuf") for r in ("stream", "unary") for n in (1, 100, 10_000)}
     assert found == expected
     assert len(configs) == len(expected)
     for c in configs:

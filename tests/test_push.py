@@ -68,9 +68,7 @@ def arrow(table: pa.Table) -> pb.RowData:
 
 
 def pbrows(columns: list[str], values: list[list[Any]]) -> pb.RowData:
-    return pb.RowData(
-        rows=pb.Rows(columns=columns, rows=[pb.Row(values=[py_to_value(v) for v in r]) for r in values])
-    )
+    return pb.RowData(rows=pb.Rows(columns=columns, rows=[pb.Row(values=[py_to_value(v) for v in r]) for r in values]))
 
 
 def request(stream: str, batch_id: int, data: pb.RowData, producer: str = "prod") -> pb.PushRequest:

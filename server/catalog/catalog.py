@@ -303,10 +303,59 @@ class Catalog:
         finally:
             con.close()
         self._derive_graph()
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """A transaction group must be able to run as one unit, back to back.
+
+        So no procedure outside it may depend on one member and feed another
+        (it would have to run in the middle), and the procedures one stream
+        feeds (taken or refused together per batch) may not span two groups.
+        """
+        owner: dict[str, str] = {}
         for group in self.groups.values():
             for p in group.procedures:
                 if p not in self.procedures:
                     raise InvalidArgument(f"deploy: transaction group {group.name!r} names unknown procedure {p!r}")
+                if p in owner and owner[p] != group.name:
+                    raise InvalidArgument(
+                        f"deploy: procedure {p!r} is in two transaction groups: {owner[p]}, {group.name}"
+                    )
+                owner[p] = group.name
+        feeds: dict[str, set[str]] = {p: set() for p in self.procedures}
+        for p in self.procedures:
+            for stream in self._emitted_by(p):
+                feeds[p] |= set(self.consumers.get(stream, []))
+        reach = {p: _reachable(p, feeds) for p in self.procedures}
+        for group in self.groups.values():
+            members = set(group.procedures)
+            for q in sorted(set(self.procedures) - members):
+                before = sorted(m for m in members if q in reach[m])
+                after = sorted(m for m in members if m in reach[q])
+                if before and after:
+                    raise InvalidArgument(
+                        f"deploy: transaction group {group.name!r} is split by procedure {q!r}, which runs after "
+                        f"{before[0]} and before {after[0]}; add {q!r} to the group or regroup"
+                    )
+        for stream, consumers in self.consumers.items():
+            groups = sorted({owner[p] for p in consumers if p in owner})
+            if len(groups) > 1:
+                raise InvalidArgument(
+                    f"deploy: stream {stream!r} feeds procedures of transaction groups {', '.join(groups)}; the "
+                    "procedures of one stream are taken together per batch, so they can be in one group at most"
+                )
+
+    def _emitted_by(self, procedure: str) -> set[str]:
+        """Streams a procedure's TE can emit on, directly or through EE triggers."""
+        out = set(self.plans[procedure].emits)
+        todo = list(out)
+        while todo:
+            stream = todo.pop()
+            for trig in self.triggers_on("stream", stream):
+                for s in self.trigger_plans[trig].emits - out:
+                    out.add(s)
+                    todo.append(s)
+        return out
 
     def scratch_database(self) -> duckdb.DuckDBPyConnection:
         """An empty in-memory database with this catalog's physical schema."""
@@ -695,6 +744,17 @@ def _mentions(sql: str, name: str) -> bool:
     from streamtx.server.catalog.compile import referenced_names
 
     return name in referenced_names(sql)
+
+
+def _reachable(start: str, edges: dict[str, set[str]]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(edges.get(start, ()))
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            todo.extend(edges.get(n, ()))
+    return seen
 
 
 def _toposort(edges: dict[str, set[str]]) -> list[str]:

@@ -69,6 +69,9 @@ class Push:
     batch: pa.Table
 
 
+BORDER_UNIT = "(entry TEs of the batch)"
+
+
 @dataclass
 class _TE:
     """A ready TE: `procedure` (None: no consumer, a plain append) over `stream`'s batch."""
@@ -76,7 +79,8 @@ class _TE:
     procedure: str | None
     stream: str | None
     group: str | None
-    border: bool = False
+    border: bool = False  # the first entry TE: appends the batch, fires the stream's EE triggers
+    entry: bool = False  # consumes the pushed batch: if it aborts, the batch is rejected
     origin_group: str | None = None  # the open group whose TE emitted its input, if any
 
 
@@ -125,14 +129,16 @@ class Dataflow:
             eng.con.execute("ROLLBACK")
             eng.windows.restore(saved)
             raise
+        keep: dict[str, list[int]] = {}
         for i, run in runs:
-            results[i] = run.finish()
+            results[i] = run.finish(keep)
             p = pushes[i]
             eng.counters["committed"] += 1
             eng.counters["rows"] += p.batch.num_rows
         for key, (batch_id, ts) in taken.items():
             eng.marks[key] = batch_id
             eng.last_ts = max(eng.last_ts, ts)
+        self._keep(keep)
         return results  # type: ignore[return-value]
 
     def run_reject(self, stream: str, producer: str, batch_id: int, ts: int, code: int, reason: str) -> Outcome:
@@ -172,7 +178,10 @@ class Dataflow:
             eng.counters["calls_aborted"] += 1
             raise run.call_error
         eng.counters["calls"] += 1
-        return run.finish(), run.results
+        keep: dict[str, list[int]] = {}
+        out = run.finish(keep)
+        self._keep(keep)
+        return out, run.results
 
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
@@ -180,7 +189,9 @@ class Dataflow:
         run = _Run(self, p.ts, {p.stream: p.batch})
         run.start_push(p)
         run.execute_isolated()
-        out = run.finish()
+        keep: dict[str, list[int]] = {}
+        out = run.finish(keep)
+        self._keep(keep)
         eng.last_ts = max(eng.last_ts, p.ts)
         if out.outcome == "rejected":
             eng.counters["rejected"] += 1
@@ -189,6 +200,10 @@ class Dataflow:
         eng.counters["committed"] += 1
         eng.counters["rows"] += p.batch.num_rows
         return out
+
+    def _keep(self, keep: dict[str, list[int]]) -> None:
+        for stream, batch_ids in keep.items():
+            self.engine.retain(stream, batch_ids)
 
     def _duplicate(self, producer: str, stream: str, batch_id: int) -> Outcome | None:
         eng = self.engine
@@ -233,35 +248,48 @@ class _Run:
         self._saved_inputs: dict[str, pa.Table] = {}
 
     def start_push(self, p: Push) -> None:
+        """The batch's entry TEs: every consumer of its stream, taken or refused together.
+
+        They form one unit (one transaction on the isolated path): the batch is
+        committed only if all of them commit, whichever of them aborts.
+        """
         cat = self.eng.catalog
         self.push = p
         consumers = cat.consumers.get(p.stream, [])
+        groups = {g for g in map(cat.group_of, consumers) if g is not None}
+        unit = groups.pop() if groups else (BORDER_UNIT if len(consumers) > 1 else None)
         first = consumers[0] if consumers else None
-        self.pending.append(_TE(first, p.stream, cat.group_of(first) if first else None, border=True))
-        self.pending += [_TE(proc, p.stream, cat.group_of(proc)) for proc in consumers[1:]]
+        self.pending.append(_TE(first, p.stream, unit, border=True, entry=True))
+        self.pending += [_TE(proc, p.stream, unit, entry=True) for proc in consumers[1:]]
 
     def start_call(self, procedure: str, params: dict[str, Any]) -> None:
         self.call_params = params
         self.pending.append(_TE(procedure, None, self.eng.catalog.group_of(procedure)))
 
-    def finish(self) -> Outcome:
-        """After the commit: keeps stored output batches for subscribers."""
+    def finish(self, keep: dict[str, list[int]]) -> Outcome:
+        """After the commit: notes the output batches to keep for subscribers in `keep`."""
         for stream in sorted(self.stored):
-            self.eng.retain(stream, self.ts)
+            keep.setdefault(stream, []).append(self.ts)
             self.out.emitted.add(stream)
         return self.out
 
     # ------------------------------------------------------------------ paths
     def execute_fast(self) -> None:
-        """Every TE inside the caller's transaction; an abort propagates to the caller."""
+        """Every TE inside the caller's transaction; an abort propagates to the caller.
+
+        The members of a transaction group still run back to back (`_next`), so
+        the order is the one the isolated path would take.
+        """
         while self.pending:
             te = self._next()
+            self._group = te.group
             tx = self._transaction(te)
             try:
                 self._run_te(te, tx)
             finally:
                 tx.close()
             self._done(te, tx, None)
+        self._group = None
 
     def execute_isolated(self) -> None:
         """One DuckDB transaction per TE (or per group); an aborted TE is undone and reported."""
@@ -274,7 +302,7 @@ class _Run:
             tx = self._transaction(te)
             try:
                 self._run_te(te, tx)
-                if te.border:
+                if te.border:  # in the entry unit's transaction
                     assert self.push is not None
                     self.eng.record_mark(self.push.producer, self.push.stream, self.push.batch_id, self.ts)
             except StreamTxError as e:
@@ -306,7 +334,7 @@ class _Run:
         rank = self.eng.catalog.topo_rank
         candidates = [t for t in self.pending if self._group is not None and t.group == self._group]
         pool = candidates or self.pending
-        best = min(pool, key=lambda t: (not t.border, rank.get(t.procedure or "", -1), t.procedure or ""))
+        best = min(pool, key=lambda t: (not t.border, not t.entry, rank.get(t.procedure or "", -1), t.procedure or ""))
         self.pending.remove(best)
         return best
 
@@ -374,7 +402,7 @@ class _Run:
             self.pending = [t for t in self.pending if t.origin_group != group]
         code = error.code.value[0]
         reason = error.message if group is None else f"transaction group {group} undone: {error.message}"
-        if any(t.border for t in undone):
+        if any(t.entry for t in undone):
             assert self.push is not None
             self.out = Outcome("rejected", self.ts, code, reason)
             self.stored = set()

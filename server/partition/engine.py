@@ -143,16 +143,21 @@ class Engine:
         return {"outcome": "duplicate", "original": "committed", "ts": 0, "code": 0, "reason": ""}
 
     # ------------------------------------------------------------ stream storage
-    def retain(self, stream: str, batch_id: int) -> None:
-        """Keeps an unconsumed batch for subscribers, trimming beyond the retention."""
+    def retain(self, stream: str, batch_ids: list[int]) -> None:
+        """Keeps new batches of a stream nothing consumes, for subscribers: the latest `retention`.
+
+        Called once per stream after each commit, with every batch it stored,
+        so trimming costs one statement per commit, not per batch.
+        """
         kept = self.retained.setdefault(stream, collections.deque())
-        kept.append(batch_id)
-        if len(kept) > self.retention + max(1, self.retention // 10):
-            cut = None
-            while len(kept) > self.retention:
-                cut = kept.popleft()
-            self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
-            self.trimmed_through[stream] = cut
+        kept.extend(batch_ids)
+        if len(kept) <= self.retention:
+            return
+        cut = None
+        while len(kept) > self.retention:
+            cut = kept.popleft()
+        self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
+        self.trimmed_through[stream] = cut
 
     def read_stream(self, stream: str, from_batch: int, max_batches: int) -> list[tuple[int, pa.Table]]:
         if stream not in self.catalog.streams:
