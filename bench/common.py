@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -225,6 +226,64 @@ def note(message: str, quiet: bool = False) -> None:
     """One line of commentary on stderr (suppressed with `--quiet`)."""
     if not quiet:
         print(message, file=sys.stderr, flush=True)
+
+
+# -- pushing ------------------------------------------------------------------------
+
+
+async def push_batches(
+    target: str,
+    stream: str,
+    producer: str,
+    batches: Sequence[Any],
+    *,
+    pipelined: bool = True,
+    arrow: bool = True,
+    max_in_flight: int = 256,
+    what: str = "bench",
+) -> Measurement:
+    """Pushes `batches` as one producer and times it; every batch must commit cleanly.
+
+    Pipelined: over the client's PushStream, latency from admission to ack (so
+    it includes queueing behind the batches in flight). Otherwise: unary Push,
+    one after another, latency = the round trip. A batch that is not committed,
+    or whose ack names an aborted downstream TE, fails the benchmark.
+    """
+    import asyncio
+
+    from streamtx.client import AsyncClient
+
+    latencies = [0.0] * len(batches)
+    load = os.getloadavg()[0]  # the machine is shared: record how busy it was
+    async with AsyncClient(target, producer_id=producer, arrow=arrow, max_in_flight=max_in_flight) as client:
+        await client.status()  # connect before the clock starts
+        with Stopwatch() as sw:
+            if pipelined:
+                futures = []
+                for i, batch in enumerate(batches):
+                    fut = await client.push(stream, batch)
+                    t0 = time.perf_counter()
+
+                    def done(_f: Any, i: int = i, t0: float = t0) -> None:
+                        latencies[i] = time.perf_counter() - t0
+
+                    fut.add_done_callback(done)
+                    futures.append(fut)
+                results = await asyncio.gather(*futures)
+            else:
+                results = []
+                for i, batch in enumerate(batches):
+                    t0 = time.perf_counter()
+                    results.append(await client.push_one(stream, batch))
+                    latencies[i] = time.perf_counter() - t0
+    bad = [r for r in results if r.outcome != "committed" or r.reason]
+    if bad:
+        first = bad[0]
+        raise RuntimeError(
+            f"{what}: {len(bad)} of {len(batches)} batch(es) not cleanly committed; first: batch "
+            f"{first.batch_id} {first.outcome} {first.code} {first.reason}"
+        )
+    return Measurement(sw.elapsed, len(batches), latencies, {"load_1m": round(load, 2)})
 
 
 # -- interleaving -------------------------------------------------------------------

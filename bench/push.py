@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +31,13 @@ from streamtx.server.config import EXECUTORS
 
 from .common import (
     Measurement,
-    Stopwatch,
     interleave,
     latency_summary,
     median_round,
     note,
     plot_bars,
     progress,
+    push_batches,
     ratio_line,
     round_sig,
 )
@@ -144,42 +142,16 @@ def make_table(rows: int, seed: int = 0) -> pa.Table:
 
 
 async def _measure(target: str, cfg: Config, producer: str, table: pa.Table, max_in_flight: int) -> Measurement:
-    from streamtx.client import AsyncClient
-
-    latencies = [0.0] * cfg.batches
-    load = os.getloadavg()[0]  # the machine is shared: record how busy it was
-    async with AsyncClient(
-        target, producer_id=producer, arrow=cfg.encoding == "arrow", max_in_flight=max_in_flight
-    ) as client:
-        await client.status()  # connect before the clock starts
-        if cfg.rpc == "unary":
-            results = []
-            with Stopwatch() as sw:
-                for i in range(cfg.batches):
-                    t0 = time.perf_counter()
-                    results.append(await client.push_one(STREAM, table))
-                    latencies[i] = time.perf_counter() - t0
-        else:
-            futures = []
-            with Stopwatch() as sw:
-                for i in range(cfg.batches):
-                    fut = await client.push(STREAM, table)
-                    t0 = time.perf_counter()
-
-                    def done(_f: Any, i: int = i, t0: float = t0) -> None:
-                        latencies[i] = time.perf_counter() - t0
-
-                    fut.add_done_callback(done)
-                    futures.append(fut)
-                results = await asyncio.gather(*futures)
-    bad = [r for r in results if r.outcome != "committed"]
-    if bad:
-        first = bad[0]
-        raise RuntimeError(
-            f"bench push {cfg.label}: {len(bad)} of {cfg.batches} batch(es) not committed; first: "
-            f"batch {first.batch_id} {first.outcome} {first.code} {first.reason}"
-        )
-    return Measurement(sw.elapsed, cfg.batches, latencies, {"load_1m": round(load, 2)})
+    return await push_batches(
+        target,
+        STREAM,
+        producer,
+        [table] * cfg.batches,
+        pipelined=cfg.rpc == "stream",
+        arrow=cfg.encoding == "arrow",
+        max_in_flight=max_in_flight,
+        what=f"bench push {cfg.label}",
+    )
 
 
 def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from .common import (
     median_round,
     plot_lines,
     progress,
+    push_batches,
     ratio_line,
     round_sig,
 )
@@ -115,30 +116,6 @@ def chain_lengths(max_n: int, quick: bool) -> list[int]:
     return [n for n in (1, 5, 10) if n <= max_n] if quick else list(range(1, max_n + 1))
 
 
-async def _push(target: str, stream: str, producer: str, batches: list[pa.Table]) -> Measurement:
-    from streamtx.client import AsyncClient
-
-    latencies = [0.0] * len(batches)
-    async with AsyncClient(target, producer_id=producer, max_in_flight=256) as client:
-        await client.status()
-        futures = []
-        with Stopwatch() as sw:
-            for i, batch in enumerate(batches):
-                fut = await client.push(stream, batch)
-                t0 = time.perf_counter()
-
-                def done(_f: Any, i: int = i, t0: float = t0) -> None:
-                    latencies[i] = time.perf_counter() - t0
-
-                fut.add_done_callback(done)
-                futures.append(fut)
-            results = await asyncio.gather(*futures)
-    bad = [r for r in results if r.outcome != "committed" or r.reason]
-    if bad:
-        raise RuntimeError(f"bench triggers {stream}: batch {bad[0].batch_id} {bad[0].outcome}: {bad[0].reason}")
-    return Measurement(sw.elapsed, len(batches), latencies)
-
-
 def _calls(target: str, n: int, batches: list[pa.Table]) -> Measurement:
     from streamtx.client import Client
 
@@ -181,9 +158,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 producer = f"bench-triggers-{run_id}-{cfg.label}-r{r}"
                 if cfg.kind == "ee":
                     stream = f"ee{cfg.n}_in" if cfg.variant == "trigger" else f"sq{cfg.n}_in"
-                    return asyncio.run(_push(srv.target, stream, producer, batches))
+                    return asyncio.run(push_batches(srv.target, stream, producer, batches, what="bench triggers"))
                 if cfg.variant == "trigger":
-                    return asyncio.run(_push(srv.target, f"pe{cfg.n}_s0", producer, batches))
+                    return asyncio.run(
+                        push_batches(srv.target, f"pe{cfg.n}_s0", producer, batches, what="bench triggers")
+                    )
                 return _calls(srv.target, cfg.n, batches)
 
             def done(cfg: Config, r: int, m: Measurement) -> None:

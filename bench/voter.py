@@ -34,6 +34,7 @@ from .common import (
     note,
     plot_bars,
     progress,
+    push_batches,
     ratio_line,
     round_sig,
 )
@@ -75,30 +76,6 @@ def batches_for(size: int, quick: bool) -> int:
     if quick:
         return 120 if size == 1 else 12
     return 600 if size == 1 else 40
-
-
-async def _dataflow(target: str, producer: str, batches: list[pa.Table], max_in_flight: int) -> Measurement:
-    from streamtx.client import AsyncClient
-
-    latencies = [0.0] * len(batches)
-    async with AsyncClient(target, producer_id=producer, max_in_flight=max_in_flight) as client:
-        await client.status()
-        futures = []
-        with Stopwatch() as sw:
-            for i, batch in enumerate(batches):
-                fut = await client.push("votes_in", batch)
-                t0 = time.perf_counter()
-
-                def done(_f: Any, i: int = i, t0: float = t0) -> None:
-                    latencies[i] = time.perf_counter() - t0
-
-                fut.add_done_callback(done)
-                futures.append(fut)
-            results = await asyncio.gather(*futures)
-    bad = [r for r in results if r.outcome != "committed" or r.reason]
-    if bad:
-        raise RuntimeError(f"bench voter: batch {bad[0].batch_id} {bad[0].outcome}: {bad[0].reason}")
-    return Measurement(sw.elapsed, len(batches), latencies, {"load_1m": round(os.getloadavg()[0], 2)})
 
 
 def _client_ordered(target: str, batches: list[pa.Table]) -> Measurement:
@@ -156,7 +133,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 target = servers[cfg.mode].target
                 if cfg.mode == "dataflow":
                     producer = f"bench-voter-{run_id}-{cfg.batch_size}-r{r}"
-                    return asyncio.run(_dataflow(target, producer, batches_of(cfg, r), args.max_in_flight))
+                    return asyncio.run(
+                        push_batches(target, "votes_in", producer, batches_of(cfg, r), max_in_flight=args.max_in_flight)
+                    )
                 return _client_ordered(target, batches_of(cfg, r))
 
             def done(cfg: Config, r: int, m: Measurement) -> None:
