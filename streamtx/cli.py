@@ -151,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints the server status: version, executor, partitions, catalog objects and counters.",
     )
 
+    sub.add_parser(
+        "health",
+        help="exit 0 if the server reports SERVING on the standard gRPC health service",
+        description="Asks the grpc.health.v1 service for streamtx.v1.StreamTx (for container health checks): "
+        "prints the status; exit 0 when SERVING, 1 otherwise or when unreachable.",
+    )
+
     defaults = ServerConfig()
     p = sub.add_parser(
         "serve",
@@ -614,12 +621,30 @@ def _run_forwarded(command: str, argv: list[str]) -> int:
     return int(code or 0)
 
 
+def _cmd_health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(args.target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service="streamtx.v1.StreamTx"), timeout=5
+            )
+        except grpc.RpcError as e:
+            print(f"{args.target}: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    state = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.target}: {state}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 _COMMANDS = {
     "deploy": _cmd_deploy,
     "sql": _cmd_sql,
     "call": _cmd_call,
     "push": _cmd_push,
     "status": _cmd_status,
+    "health": _cmd_health,
     "serve": _cmd_serve,
 }
 

@@ -355,3 +355,11 @@ def test_cli_against_server(server: EmbeddedServer, tmp_path: Path, capsys: pyte
     assert cli.main([*t, "call", "nope"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: NOT_FOUND: ") and err.count("\n") == 1
+
+
+def test_cli_health_reports_serving(server, capsys):
+    from streamtx import cli
+
+    assert cli.main(["--target", server.target, "health"]) == 0
+    assert "SERVING" in capsys.readouterr().out
+    assert cli.main(["--target", "127.0.0.1:1", "health"]) == 1
