@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_PORT = 7411
-EXECUTORS = ("serial",)
-"""Batch executors this build has (TStream's `opchain` arrives with the operation-chain engine)."""
+EXECUTORS = ("serial", "opchain")
+"""`serial`: S-Store's way, every TE alone with its own state access. `opchain`: TStream's
+way, state procedures' events coalesced into punctuation intervals with set-based state access."""
 
 
 def default_procedures_path() -> Path:
@@ -39,6 +40,8 @@ class ServerConfig:
     # trimmed in steps of a tenth, so between N and 1.1 N of the latest batches are held
     order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
     bins: int = 1024
+    interval_size: int = 500  # punctuation interval: at most this many queued batches per transaction
+    interval_ms: float = 0.0  # latency budget: wait up to this long for an interval to fill
 
     def validate(self) -> None:
         if self.partitions < 1:
@@ -47,5 +50,9 @@ class ServerConfig:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if not (0 <= self.port < 65536):
             raise ValueError(f"--port must be in 0..65535, got {self.port}")
+        if self.interval_size < 1:
+            raise ValueError("--interval-size must be >= 1")
+        if self.interval_ms < 0:
+            raise ValueError("--interval-ms must be >= 0")
         if self.max_batch_rows < 1:
             raise ValueError("--max-batch-rows must be >= 1")

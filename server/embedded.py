@@ -26,6 +26,7 @@ class EmbeddedServer:
         *,
         partitions: int = 1,
         executor: str = "serial",
+        interval_size: int | None = None,
         token: str | None = None,
         extra_args: list[str] | None = None,
         quiet: bool = True,
@@ -43,6 +44,7 @@ class EmbeddedServer:
             "--executor",
             executor,
             *(["--token", token] if token else []),
+            *(["--interval-size", str(interval_size)] if interval_size else []),
             *(extra_args or []),
         ]
         self.quiet = quiet

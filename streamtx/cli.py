@@ -243,6 +243,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.bins,
         help="partitioning bins: bin = hash(key) mod BINS (default %(default)s)",
     )
+    p.add_argument(
+        "--interval-size",
+        type=int,
+        default=defaults.interval_size,
+        help="punctuation interval: at most this many queued batches (and the TEs they trigger) are "
+        "executed and committed together (default %(default)s)",
+    )
+    p.add_argument(
+        "--interval-ms",
+        type=float,
+        default=defaults.interval_ms,
+        help="latency budget: how long a partition waits for an interval to fill before it runs what "
+        "is queued (default %(default)s: never waits)",
+    )
 
     for name, helptext in (
         ("demo", "run the voter leaderboard demo (arguments are passed on; try 'demo --help')"),
@@ -592,6 +606,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         stream_retention=args.stream_retention,
         order_timeout_s=args.order_timeout,
         bins=args.bins,
+        interval_size=args.interval_size,
+        interval_ms=args.interval_ms,
     )
     try:
         config.validate()

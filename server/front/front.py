@@ -39,7 +39,7 @@ class Front:
         self.data_dir = Path(config.data_dir)
         self.loader = ProcedureLoader(config.procedures_path)
         self.catalog = Catalog()
-        self.partitions = Partitions(config.partitions, config.procedures_path, config.stream_retention)
+        self.partitions = Partitions(config)
         self.sequencer = Sequencer(order_timeout=config.order_timeout_s)
         self.counters: collections.Counter[str] = collections.Counter()
         self.admission = asyncio.Semaphore(config.max_in_flight)

@@ -16,22 +16,21 @@ import signal
 import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from streamtx.errors import Unavailable, error_for
+from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import encode, read_frame
 
 Reply = tuple[dict[str, Any], list[pa.Table]]
 
 
 class Partition:
-    def __init__(self, index: int, procedures_path: Path, retention: int) -> None:
+    def __init__(self, index: int, config: ServerConfig) -> None:
         self.index = index
-        self.procedures_path = procedures_path
-        self.retention = retention
+        self.config = config
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
         self._ids = itertools.count(1)
@@ -64,9 +63,15 @@ class Partition:
             "--parent",
             str(os.getpid()),
             "--procedures-path",
-            str(self.procedures_path),
+            str(self.config.procedures_path),
             "--retention",
-            str(self.retention),
+            str(self.config.stream_retention),
+            "--executor",
+            self.config.executor,
+            "--interval-size",
+            str(self.config.interval_size),
+            "--interval-ms",
+            str(self.config.interval_ms),
         ]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], start_new_session=False)
         theirs.close()
@@ -146,8 +151,8 @@ class Partition:
 class Partitions:
     """All partition workers of this server."""
 
-    def __init__(self, count: int, procedures_path: Path, retention: int) -> None:
-        self.all = [Partition(i, procedures_path, retention) for i in range(count)]
+    def __init__(self, config: ServerConfig) -> None:
+        self.all = [Partition(i, config) for i in range(config.partitions)]
 
     async def start(self) -> None:
         await asyncio.gather(*(p.start() for p in self.all))

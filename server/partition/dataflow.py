@@ -30,6 +30,7 @@ from streamtx.errors import NotFound, StreamTxError
 from streamtx.server.catalog.compile import BATCH_PARAM, STREAM_SCHEMA, batch_relation, quote
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.transaction import Transaction
+from streamtx.server.statetx import Event, StateProcedure
 
 
 @dataclass
@@ -104,6 +105,8 @@ class Dataflow:
         saved = eng.windows.snapshot()
         eng.con.execute("BEGIN")
         try:
+            if eng.executor == "opchain":
+                self._prepare(pushes)
             for i, p in enumerate(pushes):
                 if p.stream not in eng.catalog.streams:
                     results[i] = NotFound(f"unknown stream {p.stream!r}")
@@ -118,17 +121,18 @@ class Dataflow:
                 taken[key] = (p.batch_id, p.ts)
                 runs.append((i, run))
             eng.write_marks(taken)
+            eng.state.flush()
             eng.con.execute("COMMIT")
         except StreamTxError:
-            eng.con.execute("ROLLBACK")
-            eng.windows.restore(saved)
+            self._rollback(saved)
             if len(pushes) == 1:
                 return [self._push_isolated(pushes[0])]
             return [r for p in pushes for r in self.run_pushes([p])]
         except BaseException:
-            eng.con.execute("ROLLBACK")
-            eng.windows.restore(saved)
+            self._rollback(saved)
             raise
+        finally:
+            eng.prepared.clear()
         keep: dict[str, list[int]] = {}
         for i, run in runs:
             results[i] = run.finish(keep)
@@ -163,16 +167,15 @@ class Dataflow:
         eng.con.execute("BEGIN")
         try:
             run.execute_fast()
+            eng.state.flush()
             eng.con.execute("COMMIT")
         except StreamTxError:
-            eng.con.execute("ROLLBACK")
-            eng.windows.restore(saved)
+            self._rollback(saved)
             run = _Run(self, ts, {})
             run.start_call(procedure, params)
             run.execute_isolated()
         except BaseException:
-            eng.con.execute("ROLLBACK")
-            eng.windows.restore(saved)
+            self._rollback(saved)
             raise
         if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
@@ -200,6 +203,40 @@ class Dataflow:
         eng.counters["committed"] += 1
         eng.counters["rows"] += p.batch.num_rows
         return out
+
+    def _rollback(self, saved_windows: Any) -> None:
+        eng = self.engine
+        eng.con.execute("ROLLBACK")
+        eng.windows.restore(saved_windows)
+        eng.state.discard()
+
+    def _prepare(self, pushes: list[Push]) -> None:
+        """opchain: pre-processes the events of the interval's state procedures and loads their keys.
+
+        One query per table for the whole punctuation interval (TStream steps
+        1 and 2); the TEs then find their events ready in `engine.prepared`.
+        A pre_process that fails is left for its TE, which aborts properly.
+        """
+        eng = self.engine
+        cat = eng.catalog
+        events: list[Event] = []
+        for p in pushes:
+            consumers = cat.consumers.get(p.stream, [])
+            proc = cat.procedures.get(consumers[0]) if len(consumers) == 1 else None
+            if proc is None or proc.python is None:
+                continue
+            fn = eng.loader.resolve(proc.python)
+            if not isinstance(fn, StateProcedure):
+                continue
+            prepared = [Event(row, p.ts) for row in p.batch.to_pylist()]
+            try:
+                for ev in prepared:
+                    fn.pre_process(ev)
+            except Exception:
+                continue
+            eng.prepared[(p.ts, proc.name)] = prepared
+            events += prepared
+        eng.state.load_for(events)
 
     def _keep(self, keep: dict[str, list[int]]) -> None:
         for stream, batch_ids in keep.items():
@@ -311,6 +348,7 @@ class _Run:
                 continue
             tx.close()
             if self._group is None:
+                self.eng.state.flush()
                 self.eng.con.execute("COMMIT")
             else:
                 self._group_tes.append(te)
@@ -347,6 +385,7 @@ class _Run:
         self._group_stored = set()
 
     def _commit(self) -> None:
+        self.eng.state.flush()
         self.eng.con.execute("COMMIT")
         self.stored |= self._group_stored
         self._group = None
@@ -392,6 +431,7 @@ class _Run:
         eng = self.eng
         eng.con.execute("ROLLBACK")
         eng.windows.restore(self._saved_windows)
+        eng.state.discard()
         self.inputs = self._saved_inputs
         group = self._group
         undone = [*self._group_tes, te]

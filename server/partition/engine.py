@@ -24,9 +24,11 @@ import pyarrow.compute as pc
 from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
+from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
 from streamtx.server.pyproc import ProcedureLoader
+from streamtx.server.statetx import Event
 
 SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",
@@ -40,8 +42,11 @@ SYSTEM_DDL = [
 
 
 class Engine:
-    def __init__(self, partition: int, loader: ProcedureLoader, retention: int = 10_000) -> None:
+    def __init__(
+        self, partition: int, loader: ProcedureLoader, retention: int = 10_000, executor: str = "serial"
+    ) -> None:
         self.partition = partition
+        self.executor = executor
         self.loader = loader
         self.retention = retention
         self.con = duckdb.connect(config={"enable_external_access": False})
@@ -54,6 +59,8 @@ class Engine:
         self.last_ts = 0
         self.counters: collections.Counter[str] = collections.Counter()
         self.windows = Windows(self)
+        self.state = StateStore(self)
+        self.prepared: dict[tuple[int, str], list[Event]] = {}  # (ts, procedure) -> pre-processed events
 
     # ---------------------------------------------------------------- catalog
     def install(self, catalog_json: str, ddl: list[str]) -> None:
@@ -71,6 +78,7 @@ class Engine:
         self.compile_for.cache_clear()
         self.windows.load()
         self.load_marks()
+        self.state.refresh_schema()
         for stream in list(self.retained):
             if stream not in catalog.streams:
                 del self.retained[stream]

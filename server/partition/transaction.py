@@ -26,6 +26,7 @@ from streamtx.server.catalog.compile import (
     compile_statement,
     quote,
 )
+from streamtx.server.statetx import Event, StateProcedure, apply_event
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -87,6 +88,10 @@ class Transaction:
         if stream not in self.engine.catalog.retained:
             self._emitted(stream, table)
             return
+        if self.engine.executor == "opchain":  # stored once per interval, at the commit
+            self.engine.state.pending_out.setdefault(stream, []).append((self.batch_id, table))
+            self.stored.add(stream)
+            return
         name = f"__emit__{stream}"
         self._register(name, table)
         cols = ", ".join(quote(c) for c in table.column_names)
@@ -108,13 +113,56 @@ class Transaction:
                 self.results.append(out)
 
     def run_python(self, fn: Callable[..., Any]) -> None:
-        result = fn(self, **self.params) if self.params else fn(self)
+        """Runs a Python procedure; an exception from its code aborts the TE (it is not a server bug)."""
+        try:
+            if isinstance(fn, StateProcedure):
+                self.run_state(fn)
+                return
+            result = fn(self, **self.params) if self.params else fn(self)
+        except StreamTxError:
+            raise
+        except Exception as e:
+            raise Aborted(f"procedure {self.procedure}: {type(e).__name__}: {e}") from None
         if isinstance(result, pa.Table):
             self.results.append(result)
         elif isinstance(result, list | tuple):
             self.results.extend(_as_table(r) for r in result)
         elif result is not None:
             self.results.append(_as_table(result))
+
+    def run_state(self, proc: StateProcedure) -> None:
+        """A state procedure over the batch: pre-process, state access, post-process (TStream).
+
+        Under `opchain` the events may have been pre-processed, and their keys
+        loaded, for the whole punctuation interval already; under `serial` the
+        working set is written back at the end of this TE.
+        """
+        if self.batch is None:
+            raise InvalidArgument(f"state procedure {self.procedure} needs an input stream (ON STREAM)")
+        eng = self.engine
+        events = eng.prepared.pop((self.batch_id, self.procedure), None)
+        if events is None:
+            events = [Event(row, self.batch_id) for row in self.batch.to_pylist()]
+            for ev in events:
+                proc.pre_process(ev)
+        eng.state.load_for(events)
+        ws = eng.state.ws
+        rejected = 0
+        out: dict[str, list[dict[str, Any]]] = {}
+        for ev in events:
+            apply_event(ev, ws)
+        for ev in events:
+            proc.post_process(ev)
+            rejected += ev.rejected
+            for stream, row in ev.out:
+                out.setdefault(stream, []).append(row)
+        eng.counters["events"] += len(events)
+        eng.counters["events_rejected"] += rejected
+        for stream, rows in out.items():
+            self.emit(stream, rows)
+        if eng.executor == "serial":
+            eng.state.write_back()
+            eng.state.discard()
 
     def run_compiled(self, compiled: Compiled) -> None:
         """Runs one compiled statement of an EE trigger (no parameters but the batch id)."""
@@ -147,6 +195,7 @@ class Transaction:
 
     # -------------------------------------------------------------- private
     def _run(self, compiled: Compiled, params: dict[str, Any]) -> pa.Table | None:
+        self.engine.state.barrier()
         bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
         if BATCH_PARAM in compiled.params:
             bound[BATCH_PARAM] = self.batch_id

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,6 @@ from streamtx.server.partition.engine import Engine
 from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
-MAX_GROUP = 256  # queued batches taken in one DuckDB transaction
 
 
 def _die_with_parent(parent: int) -> None:
@@ -43,9 +43,20 @@ def _die_with_parent(parent: int) -> None:
 
 
 class Worker:
-    def __init__(self, partition: int, frames: SocketFrames, procedures: Path, retention: int) -> None:
+    def __init__(
+        self,
+        partition: int,
+        frames: SocketFrames,
+        procedures: Path,
+        retention: int,
+        executor: str,
+        interval_size: int = 500,
+        interval_ms: float = 0.0,
+    ) -> None:
         self.frames = frames
-        self.engine = Engine(partition, ProcedureLoader(procedures), retention)
+        self.interval_size = interval_size
+        self.interval_s = interval_ms / 1000
+        self.engine = Engine(partition, ProcedureLoader(procedures), retention, executor)
         self.dataflow = Dataflow(self.engine)
         self.inbox: queue.Queue[Frame | None] = queue.Queue()
 
@@ -69,15 +80,7 @@ class Worker:
                 self.frames.write({"id": header["id"], "ok": True})
                 return
             if header.get("op") == "push":
-                group = [frame]
-                while len(group) < MAX_GROUP and not self.inbox.empty():
-                    nxt = self.inbox.get_nowait()
-                    if nxt is None or nxt[0].get("op") != "push":
-                        held = nxt if nxt is not None else None
-                        if nxt is None:
-                            self.inbox.put(None)
-                        break
-                    group.append(nxt)
+                group, held = self._interval(frame)
                 self._pushes(group)
                 continue
             try:
@@ -86,6 +89,29 @@ class Worker:
                 self._error(header, e)
                 continue
             self._ok(header, reply, out_tables)
+
+    def _interval(self, first: Frame) -> tuple[list[Frame], Frame | None]:
+        """The queued batches to run as one punctuation interval, and the frame that ended it.
+
+        Takes what is queued, up to `interval_size`; waits up to the latency
+        budget (`interval_ms`) for more. A frame that is not a push ends the
+        interval: commands keep their order.
+        """
+        group = [first]
+        deadline = time.monotonic() + self.interval_s
+        while len(group) < self.interval_size:
+            try:
+                wait = deadline - time.monotonic()
+                nxt = self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:  # the front went away: let the main loop see it
+                self.inbox.put(None)
+                return group, None
+            if nxt[0].get("op") != "push":
+                return group, nxt
+            group.append(nxt)
+        return group, None
 
     def _pushes(self, group: list[Frame]) -> None:
         """Queued batches go to the dataflow together: one DuckDB transaction when none aborts."""
@@ -143,11 +169,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--procedures-path", type=Path, required=True)
     parser.add_argument("--retention", type=int, default=10_000)
+    parser.add_argument("--executor", default="serial")
+    parser.add_argument("--interval-size", type=int, default=500)
+    parser.add_argument("--interval-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
     sock = socket.socket(fileno=args.fd)
-    worker = Worker(args.partition, SocketFrames(sock), args.procedures_path, args.retention)
+    worker = Worker(
+        args.partition,
+        SocketFrames(sock),
+        args.procedures_path,
+        args.retention,
+        args.executor,
+        args.interval_size,
+        args.interval_ms,
+    )
     try:
         worker.serve()
     except (BrokenPipeError, ConnectionResetError):

@@ -1,0 +1,34 @@
+"""A small state procedure (used by tests/test_statetx.py): bounded counters.
+
+Each event adds `delta` to counter `key`, unless that would pass `limit`:
+then the event's state transaction aborts and the event is reported rejected.
+"""
+
+from __future__ import annotations
+
+from streamtx.server.statetx import Event, StateProcedure
+
+
+class BoundedAdd(StateProcedure):
+    emits = ("counter_results",)
+
+    def pre_process(self, ev: Event) -> None:
+        delta, limit = ev["delta"], ev["limit"]
+        ev.read_modify(
+            "counters",
+            ev["key"],
+            lambda row: {"key": ev["key"], "n": (row["n"] if row else 0) + delta},
+            cond=lambda row: (row["n"] if row else 0) + delta <= limit,
+        )
+        if ev["mirror"] is not None:  # a second key in the same transaction: all or nothing
+            ev.read_modify(
+                "counters",
+                ev["mirror"],
+                lambda row: {"key": ev["mirror"], "n": (row["n"] if row else 0) + delta},
+            )
+
+    def post_process(self, ev: Event) -> None:
+        ev.emit("counter_results", {"event_id": ev["event_id"], "ok": not ev.rejected})
+
+
+bounded_add = BoundedAdd()

@@ -1,0 +1,78 @@
+"""What the TStream workloads (GS, SL, OB, TP) share: keys, the workload contract, a runner.
+
+A workload is a module of this package with:
+
+- `NAME`, `INPUT_STREAM`, `OUTPUT_STREAMS`;
+- `deploy_script() -> str`: tables, streams, the state procedure binding
+  (`AS PYTHON 'tstream.<module>:<object>'`), and an OLTP `setup_<name>`
+  procedure that pre-populates the state;
+- `setup_params(records) -> dict` for that call;
+- `generate(events, *, seed, records, theta, ...) -> pa.Table`: the input
+  stream's rows, `event_id` 0, 1, 2, ... in processing order;
+- `Reference(records)`: a plain sequential implementation with
+  `process(rows: list[dict])`, `tables() -> dict[str, list[tuple]]` and
+  `outputs() -> dict[str, list[tuple]]`;
+- `STATE_QUERIES` / `OUTPUT_QUERIES`: SQL that reads the server's state and
+  output streams in the shape of `tables()` / `outputs()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+def zipf_keys(rng: np.random.Generator, records: int, theta: float, size: int | tuple[int, ...]) -> np.ndarray:
+    """Keys 0..records-1 drawn with probability proportional to 1/(rank+1)^theta (theta=0: uniform).
+
+    The hottest keys are scattered over the key space (a fixed permutation), so
+    skew does not mean "small keys" — it matters once keys map to partitions.
+    """
+    weights = 1.0 / np.power(np.arange(1, records + 1, dtype=np.float64), theta)
+    weights /= weights.sum()
+    ranks = rng.choice(records, size=size, p=weights)
+    perm = np.random.default_rng(records).permutation(records)
+    return perm[ranks]
+
+
+def distinct_keys(rng: np.random.Generator, records: int, theta: float, count: int) -> list[int]:
+    """`count` distinct zipf-distributed keys (an event touching 10 records touches 10 different ones)."""
+    keys: list[int] = []
+    while len(keys) < count:
+        for k in zipf_keys(rng, records, theta, count * 2).tolist():
+            if k not in keys:
+                keys.append(k)
+                if len(keys) == count:
+                    break
+    return keys
+
+
+@dataclass
+class RunResult:
+    tables: dict[str, list[tuple[Any, ...]]]
+    outputs: dict[str, list[tuple[Any, ...]]]
+    acks: list[Any]
+
+
+def run_on_server(workload: ModuleType, target: str, events: pa.Table, batch_size: int, records: int) -> RunResult:
+    """Deploys the workload on a fresh server, pushes `events` pipelined in batches, reads the result."""
+    from streamtx.client import Client
+
+    with Client(target, max_in_flight=512) as c:
+        c.deploy(workload.deploy_script())
+        c.call(f"setup_{workload.NAME}", **workload.setup_params(records))
+        batches = [events.slice(i, batch_size) for i in range(0, events.num_rows, batch_size)]
+        acks = [f.result() for f in [c.push(workload.INPUT_STREAM, b) for b in batches]]
+        tables = {name: c.query(sql).fetchall() for name, sql in workload.STATE_QUERIES.items()}
+        outputs = {name: c.query(sql).fetchall() for name, sql in workload.OUTPUT_QUERIES.items()}
+    return RunResult(tables, outputs, acks)
+
+
+def run_reference(workload: ModuleType, events: pa.Table, records: int) -> RunResult:
+    ref = workload.Reference(records)
+    ref.process(events.to_pylist())
+    return RunResult(ref.tables(), ref.outputs(), [])

@@ -1,0 +1,196 @@
+"""State transactions: TStream's three steps for Python procedures.
+
+A state procedure handles each event (each tuple of its input batch) in three
+steps, as in the TStream papers:
+
+1. `pre_process(event)` — plain Python over the event's values; it *declares*
+   the event's state accesses: `event.read(table, key)`,
+   `event.write(table, key, row, cond=None, reads=())`,
+   `event.read_modify(table, key, fn, cond=None, reads=())`.
+2. state access — done by the executor, not by the procedure: the keys every
+   event declared are loaded with one query per table, the operations are
+   applied in timestamp order over that in-memory working set, and the dirty
+   rows are written back with one statement per table. A `cond` that returns
+   False aborts that event's state transaction only: none of its operations
+   take effect, and later events see the state without it.
+3. `post_process(event)` — sees what the event read (`event.value(ref)`), and
+   whether it was rejected; it may `event.emit(stream, row)`.
+
+Keys are primary-key values of DuckDB tables (one-column primary keys); a row
+is a dict of the table's columns. `fn(current_row, *dependency_rows)` returns
+the new row; `cond(current_row, *dependency_rows)` returns whether the
+operation may apply. `reads` names other (table, key) pairs whose rows, as of
+this event, are passed to `fn` and `cond` (TStream's cross-chain dependencies).
+A missing key reads as None; writing it inserts the row.
+
+Bind a state procedure in a deploy script like any Python procedure:
+
+    CREATE PROCEDURE transfer ON STREAM transfers AS PYTHON 'tstream.sl:transfer';
+
+where `transfer = Transfer()` is an instance of a `StateProcedure` subclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from streamtx.errors import Aborted
+
+Row = dict[str, Any]
+Key = Any
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A handle on one operation of an event, to fetch its value in post_process."""
+
+    index: int
+
+
+@dataclass
+class Op:
+    kind: str  # read | write | read_modify
+    table: str
+    key: Key
+    row: Row | None = None
+    fn: Callable[..., Row] | None = None
+    cond: Callable[..., bool] | None = None
+    reads: tuple[tuple[str, Key], ...] = ()
+
+
+@dataclass
+class Event:
+    """One event (one tuple of the input batch) and its state transaction."""
+
+    row: Row
+    batch_id: int
+    ops: list[Op] = field(default_factory=list)
+    values: list[Row | None] = field(default_factory=list)
+    rejected: bool = False
+    reason: str = ""
+    out: list[tuple[str, Row]] = field(default_factory=list)
+
+    def __getitem__(self, column: str) -> Any:
+        return self.row[column]
+
+    # -- pre_process: declare operations -------------------------------------------
+    def read(self, table: str, key: Key) -> Ref:
+        return self._add(Op("read", table, key))
+
+    def write(
+        self,
+        table: str,
+        key: Key,
+        row: Row,
+        cond: Callable[..., bool] | None = None,
+        reads: Iterable[tuple[str, Key]] = (),
+    ) -> Ref:
+        return self._add(Op("write", table, key, row=row, cond=cond, reads=tuple(reads)))
+
+    def read_modify(
+        self,
+        table: str,
+        key: Key,
+        fn: Callable[..., Row],
+        cond: Callable[..., bool] | None = None,
+        reads: Iterable[tuple[str, Key]] = (),
+    ) -> Ref:
+        return self._add(Op("read_modify", table, key, fn=fn, cond=cond, reads=tuple(reads)))
+
+    def reject(self, reason: str) -> None:
+        """Rejects the event in pre_process (before any state access): it declares nothing."""
+        self.rejected = True
+        self.reason = reason
+        self.ops.clear()
+
+    # -- post_process: results and output --------------------------------------------
+    def value(self, ref: Ref) -> Row | None:
+        """The row an operation saw (read) or left (write, read_modify); None if rejected or missing."""
+        if self.rejected:
+            return None
+        return self.values[ref.index]
+
+    def emit(self, stream: str, row: Row) -> None:
+        self.out.append((stream, row))
+
+    def _add(self, op: Op) -> Ref:
+        self.ops.append(op)
+        return Ref(len(self.ops) - 1)
+
+
+class StateProcedure:
+    """Base class of a state procedure; subclass it and bind an instance.
+
+    `emits` lists the streams post_process may emit on. Each event is one
+    state transaction; a batch's events are taken in the batch's row order.
+    """
+
+    emits: tuple[str, ...] = ()
+    streamtx_procedure = True  # found by the procedure loader like a @procedure function
+
+    def pre_process(self, event: Event) -> None:
+        raise NotImplementedError
+
+    def post_process(self, event: Event) -> None:
+        """Default: nothing to emit."""
+
+
+class WorkingSet:
+    """The rows an interval touches, per table, with the keys written since the last write-back."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[Key, Row | None]] = {}
+        self.dirty: dict[str, set[Key]] = {}
+
+    def missing(self, table: str, keys: Iterable[Key]) -> list[Key]:
+        have = self.rows.get(table, {})
+        return [k for k in set(keys) if k not in have]
+
+    def load(self, table: str, rows: dict[Key, Row | None]) -> None:
+        self.rows.setdefault(table, {}).update(rows)
+
+    def get(self, table: str, key: Key) -> Row | None:
+        return self.rows[table][key]
+
+    def clear(self) -> None:
+        self.rows.clear()
+        self.dirty.clear()
+
+
+def apply_event(event: Event, ws: WorkingSet) -> None:
+    """Applies one event's operations to the working set, all or nothing.
+
+    Operations see the state left by every earlier event and by this event's
+    earlier operations. A failed `cond` undoes this event's writes and marks
+    it rejected; an exception from `fn` or `cond` does the same, with its text.
+    """
+    if event.rejected:
+        return
+    undo: list[tuple[str, Key, Row | None, bool]] = []
+    values: list[Row | None] = []
+    try:
+        for op in event.ops:
+            current = ws.get(op.table, op.key)
+            deps = [ws.get(t, k) for t, k in op.reads]
+            if op.cond is not None and not op.cond(current, *deps):
+                raise Aborted(f"condition failed on {op.table}[{op.key!r}]")
+            if op.kind == "read":
+                values.append(current)
+                continue
+            new = dict(op.row) if op.kind == "write" else op.fn(current, *deps)
+            undo.append((op.table, op.key, current, op.key in ws.dirty.get(op.table, ())))
+            ws.rows[op.table][op.key] = new
+            ws.dirty.setdefault(op.table, set()).add(op.key)
+            values.append(new)
+    except Exception as e:
+        for table, key, old, was_dirty in reversed(undo):
+            ws.rows[table][key] = old
+            if not was_dirty:
+                ws.dirty[table].discard(key)
+        event.rejected = True
+        event.reason = e.message if isinstance(e, Aborted) else f"{type(e).__name__}: {e}"
+        event.values = []
+        return
+    event.values = values

@@ -1,0 +1,126 @@
+"""State procedures (TStream's three steps) under both executors, against a plain model."""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamtx.client import Client
+from streamtx.server.embedded import EmbeddedServer
+from streamtx.server.statetx import Event, WorkingSet, apply_event
+
+pytestmark = pytest.mark.timeout(300)
+
+DDL = """
+CREATE TABLE counters (key BIGINT PRIMARY KEY, n BIGINT NOT NULL);
+CREATE TABLE seen (batch BIGINT, total BIGINT);
+CREATE STREAM counter_events (event_id BIGINT, key BIGINT, delta BIGINT, "limit" BIGINT, mirror BIGINT);
+CREATE STREAM counter_results (event_id BIGINT, ok BOOLEAN);
+CREATE STREAM audit (event_id BIGINT, ok BOOLEAN);
+CREATE PROCEDURE bounded_add ON STREAM counter_events AS PYTHON 'examples.counters:bounded_add';
+"""
+
+# a SQL procedure downstream of the state procedure: a barrier that must see the state written back
+BARRIER = """
+CREATE TABLE counters (key BIGINT PRIMARY KEY, n BIGINT NOT NULL);
+CREATE TABLE seen (batch BIGINT, total BIGINT);
+CREATE STREAM counter_events (event_id BIGINT, key BIGINT, delta BIGINT, "limit" BIGINT, mirror BIGINT);
+CREATE STREAM counter_results (event_id BIGINT, ok BOOLEAN);
+CREATE PROCEDURE bounded_add ON STREAM counter_events AS PYTHON 'examples.counters:bounded_add';
+CREATE PROCEDURE audit ON STREAM counter_results AS BEGIN
+    INSERT INTO seen SELECT $batch_id, coalesce(sum(n), 0) FROM counters;
+END;
+"""
+
+
+def model(events: list[dict]) -> tuple[dict[int, int], list[tuple[int, bool]], list[int]]:
+    counters: dict[int, int] = {}
+    results, totals = [], []
+    for e in events:
+        n = counters.get(e["key"], 0) + e["delta"]
+        ok = n <= e["limit"]
+        if ok:
+            counters[e["key"]] = n
+            if e["mirror"] is not None:
+                counters[e["mirror"]] = counters.get(e["mirror"], 0) + e["delta"]
+        results.append((e["event_id"], ok))
+        totals.append(sum(counters.values()))
+    return counters, results, totals
+
+
+def make_events(seed: int, count: int, keys: int) -> list[dict]:
+    rnd = random.Random(seed)
+    return [
+        {
+            "event_id": i,
+            "key": rnd.randrange(keys),
+            "delta": rnd.randrange(1, 5),
+            "limit": rnd.randrange(5, 40),
+            "mirror": rnd.choice([None, rnd.randrange(keys)]),
+        }
+        for i in range(count)
+    ]
+
+
+def test_apply_event_is_all_or_nothing():
+    ws = WorkingSet()
+    ws.load("t", {1: {"key": 1, "n": 5}, 2: {"key": 2, "n": 0}})
+    ev = Event({"x": 1}, 7)
+    ev.read_modify("t", 2, lambda r: {**r, "n": r["n"] + 1})
+    ev.read_modify("t", 1, lambda r: {**r, "n": r["n"] + 1}, cond=lambda r: r["n"] < 5)
+    apply_event(ev, ws)
+    assert ev.rejected and "condition failed on t[1]" in ev.reason
+    assert ws.get("t", 2) == {"key": 2, "n": 0} and not ws.dirty.get("t")
+    ok = Event({"x": 2}, 8)
+    ref = ok.read("t", 1)
+    dep = ok.write("t", 2, {"key": 2, "n": 9}, reads=[("t", 1)], cond=lambda cur, other: other["n"] == 5)
+    apply_event(ok, ws)
+    assert not ok.rejected and ok.value(ref) == {"key": 1, "n": 5} and ok.value(dep)["n"] == 9
+    assert ws.dirty["t"] == {2}
+
+
+@pytest.fixture(scope="module", params=[("serial", None), ("opchain", 1), ("opchain", 7), ("opchain", 500)])
+def server(request, tmp_path_factory):
+    executor, interval = request.param
+    with EmbeddedServer(tmp_path_factory.mktemp("st"), executor=executor, interval_size=interval) as srv:
+        yield srv
+
+
+def reset(c: Client, script: str) -> None:
+    status = c.status()
+    drops = [f"DROP {k.upper()} {n};" for k in ("procedure", "stream", "table") for n in status.get(k + "s", [])]
+    if drops:
+        c.deploy("\n".join(drops))
+    c.deploy(script)
+
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2**16), count=st.integers(1, 120), keys=st.integers(1, 8), batch=st.integers(1, 9))
+def test_state_procedure_matches_model(server, seed, count, keys, batch):
+    events = make_events(seed, count, keys)
+    counters, results, _ = model(events)
+    table = pa.Table.from_pylist(events, schema=pa.schema([(n, pa.int64()) for n in events[0]]))
+    with Client(server.target, max_in_flight=256) as c:
+        reset(c, DDL)
+        acks = [f.result() for f in [c.push("counter_events", table.slice(i, batch)) for i in range(0, count, batch)]]
+        assert all(a.outcome == "committed" and not a.reason for a in acks)
+        assert dict(c.query("SELECT key, n FROM counters").fetchall()) == counters
+        got = c.query("SELECT event_id, ok FROM counter_results ORDER BY event_id").fetchall()
+        assert got == results
+
+
+def test_sql_procedure_downstream_sees_the_state(server):
+    """A SQL TE after a state TE is a barrier: it reads exactly the state after that batch."""
+    events = make_events(3, 60, 4)
+    _, _, totals = model(events)
+    table = pa.Table.from_pylist(events, schema=pa.schema([(n, pa.int64()) for n in events[0]]))
+    with Client(server.target, max_in_flight=256) as c:
+        reset(c, BARRIER)
+        acks = [f.result() for f in [c.push("counter_events", table.slice(i, 1)) for i in range(60)]]
+        assert all(a.outcome == "committed" and not a.reason for a in acks)
+        seen = c.query("SELECT total FROM seen ORDER BY batch").fetchall()
+    assert [t for (t,) in seen] == totals
