@@ -36,6 +36,7 @@ class Partition:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._writer: asyncio.StreamWriter | None = None
+        self._outbox: list[bytes] = []
         self._reader_task: asyncio.Task | None = None
 
     @property
@@ -87,8 +88,15 @@ class Partition:
         rid = next(self._ids)
         header = dict(header, id=rid)
         self._pending[rid] = fut
-        self._writer.write(encode(header, tables))
+        if not self._outbox:  # one write (one syscall) for all frames sent in this loop iteration
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(encode(header, tables))
         return fut
+
+    def _flush(self) -> None:
+        frames, self._outbox = self._outbox, []
+        if self._writer is not None and not self._writer.is_closing():
+            self._writer.write(b"".join(frames))
 
     async def request(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> Reply:
         """Sends and awaits; a failed reply raises the mapped StreamTxError."""

@@ -27,7 +27,6 @@ from typing import Any
 import pyarrow as pa
 
 from streamtx.errors import NotFound, StreamTxError
-from streamtx.server.catalog.compile import BATCH_PARAM, STREAM_SCHEMA, batch_relation, quote
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.transaction import Transaction
 from streamtx.server.statetx import Event, StateProcedure
@@ -393,18 +392,17 @@ class _Run:
         self._group_stored = set()
 
     def _run_te(self, te: _TE, tx: Transaction) -> None:
-        tx.register_input()
+        cat = self.eng.catalog
         if te.border:
             assert te.stream is not None
-            if te.stream in self.eng.catalog.retained:
-                self.eng.con.execute(
-                    f"INSERT INTO {STREAM_SCHEMA}.{quote(te.stream)} SELECT *, ${BATCH_PARAM} "
-                    f"FROM {quote(batch_relation(te.stream))}",
-                    {BATCH_PARAM: self.ts},
-                )
+            if te.stream in cat.retained:  # stored with the interval's other output, at the commit
+                self.eng.state.pending_out.setdefault(te.stream, []).append((self.ts, self.inputs[te.stream]))
                 tx.stored.add(te.stream)
-            tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
+            elif cat.triggers_on("stream", te.stream):
+                tx.register_input()
+                tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
         if te.procedure is not None:
+            tx.register_input()
             self.flow.run_body(tx, te.procedure)
 
     def _done(self, te: _TE, tx: Transaction, group: str | None) -> None:

@@ -20,11 +20,9 @@ import pyarrow as pa
 from streamtx.errors import Aborted, InvalidArgument, StreamTxError
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
-    STREAM_SCHEMA,
     Compiled,
     batch_relation,
     compile_statement,
-    quote,
 )
 from streamtx.server.statetx import Event, StateProcedure, apply_event
 from streamtx.wire import conform
@@ -61,6 +59,7 @@ class Transaction:
         self.results: list[pa.Table] = []
         self.statements = 0
         self._registered: list[str] = []
+        self._input_registered = False
         self._depth = 0
 
     # ------------------------------------------------------------ public (Tx)
@@ -88,18 +87,8 @@ class Transaction:
         if stream not in self.engine.catalog.retained:
             self._emitted(stream, table)
             return
-        if self.engine.executor == "opchain":  # stored once per interval, at the commit
-            self.engine.state.pending_out.setdefault(stream, []).append((self.batch_id, table))
-            self.stored.add(stream)
-            return
-        name = f"__emit__{stream}"
-        self._register(name, table)
-        cols = ", ".join(quote(c) for c in table.column_names)
-        self.execute(
-            f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
-            f"SELECT *, ${BATCH_PARAM} FROM {quote(name)}",
-            {BATCH_PARAM: self.batch_id},
-        )
+        # a retained stream is read only after the commit: stored once per interval, at the commit
+        self.engine.state.pending_out.setdefault(stream, []).append((self.batch_id, table))
         self.stored.add(stream)
 
     def abort(self, reason: str) -> None:
@@ -162,15 +151,16 @@ class Transaction:
             self.emit(stream, rows)
         if eng.executor == "serial":
             eng.state.write_back()
-            eng.state.discard()
+            eng.state.ws.clear()
 
     def run_compiled(self, compiled: Compiled) -> None:
         """Runs one compiled statement of an EE trigger (no parameters but the batch id)."""
         self._run(compiled, {})
 
     def register_input(self) -> None:
-        if self.input_stream is not None and self.batch is not None:
+        if self.input_stream is not None and self.batch is not None and not self._input_registered:
             self._register(batch_relation(self.input_stream), self.batch)
+            self._input_registered = True
 
     def close(self) -> None:
         """Ends the TE. Registered relations stay (the next TE's register replaces them):
