@@ -205,9 +205,9 @@ class AsyncClient:
                 options=[
                     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                    # Reconnect quickly after a server restart so push retries can succeed.
+                    # Reconnect quickly after a server restart so push retries can succeed. (Not
+                    # min_reconnect_backoff_ms: gRPC core also takes it as the minimum connect timeout.)
                     ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.min_reconnect_backoff_ms", 100),
                     ("grpc.max_reconnect_backoff_ms", 2000),
                 ],
             )

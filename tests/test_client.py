@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import threading
 from collections.abc import Iterator
@@ -363,3 +365,17 @@ def test_cli_health_reports_serving(server, capsys):
     assert cli.main(["--target", server.target, "health"]) == 0
     assert "SERVING" in capsys.readouterr().out
     assert cli.main(["--target", "127.0.0.1:1", "health"]) == 1
+
+
+def test_client_connects_to_a_briefly_stalled_server(tmp_path):
+    """The server's front process stalls 0.5 s (as on a busy machine) while a new client deploys."""
+    with EmbeddedServer(tmp_path / "data") as srv:
+        os.kill(srv.proc.pid, signal.SIGSTOP)
+        resume = threading.Timer(0.5, os.kill, (srv.proc.pid, signal.SIGCONT))
+        resume.start()
+        try:
+            with Client(srv.target) as c:
+                c.deploy("CREATE TABLE t (a INTEGER);")
+                assert c.status()["tables"] == ["t"]
+        finally:
+            resume.join()
