@@ -18,6 +18,7 @@ A workload is a module of this package with:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -26,17 +27,21 @@ import numpy as np
 import pyarrow as pa
 
 
+@functools.lru_cache(maxsize=64)
+def _zipf(records: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    weights = 1.0 / np.power(np.arange(1, records + 1, dtype=np.float64), theta)
+    weights /= weights.sum()
+    return weights, np.random.default_rng(records).permutation(records)
+
+
 def zipf_keys(rng: np.random.Generator, records: int, theta: float, size: int | tuple[int, ...]) -> np.ndarray:
     """Keys 0..records-1 drawn with probability proportional to 1/(rank+1)^theta (theta=0: uniform).
 
     The hottest keys are scattered over the key space (a fixed permutation), so
     skew does not mean "small keys" — it matters once keys map to partitions.
     """
-    weights = 1.0 / np.power(np.arange(1, records + 1, dtype=np.float64), theta)
-    weights /= weights.sum()
-    ranks = rng.choice(records, size=size, p=weights)
-    perm = np.random.default_rng(records).permutation(records)
-    return perm[ranks]
+    weights, perm = _zipf(records, theta)
+    return perm[rng.choice(records, size=size, p=weights)]
 
 
 def distinct_keys(rng: np.random.Generator, records: int, theta: float, count: int) -> list[int]:
