@@ -28,6 +28,7 @@ VERBS: dict[str, str] = {
     "push": "streamtx.bench.push",
     "voter": "streamtx.bench.voter",
     "triggers": "streamtx.bench.triggers",
+    "tstream": "streamtx.bench.tstream",
 }
 
 

@@ -255,10 +255,12 @@ class Dataflow:
         proc = cat.procedures[procedure]
         if tx.input_stream is not None and tx.batch is not None:
             for window in cat.owned_windows(procedure):
+                tx.register_input()
                 self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
-        if proc.python is not None:
+        if proc.python is not None:  # registers the batch only if it runs SQL (Transaction.sql)
             tx.run_python(self.engine.loader.resolve(proc.python))
         else:
+            tx.register_input()
             tx.run_plan(cat.plans[procedure].statements)
 
 
@@ -402,7 +404,6 @@ class _Run:
                 tx.register_input()
                 tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
         if te.procedure is not None:
-            tx.register_input()
             self.flow.run_body(tx, te.procedure)
 
     def _done(self, te: _TE, tx: Transaction, group: str | None) -> None:

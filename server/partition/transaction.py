@@ -66,6 +66,7 @@ class Transaction:
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
         """Runs one statement for a Python procedure (compiled once, then cached)."""
         compiled = self.engine.compile_for(self.procedure, sql)
+        self.register_input()
         bound = dict(params or {})
         missing = [p for p in compiled.params if p != BATCH_PARAM and p not in bound]
         if missing:
