@@ -46,6 +46,7 @@ class ServerConfig:
     def validate(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"--partitions must be >= 1, got {self.partitions}")
+
         if self.executor not in EXECUTORS:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if not (0 <= self.port < 65536):
