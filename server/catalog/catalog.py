@@ -32,6 +32,7 @@ from streamtx.server.catalog.compile import (
     batch_relation,
     compile_statement,
     quote,
+    referenced_names,
 )
 
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
@@ -416,7 +417,7 @@ class Catalog:
                 )
             self.window_owner[w.name] = consumers[0]
 
-    def _scope(
+    def scope(
         self,
         owner: str,
         input_stream: str | None,
@@ -466,7 +467,7 @@ class Catalog:
                     if s not in self.streams:
                         raise InvalidArgument(f"deploy: {what} ({proc.python}) emits unknown stream {s!r}")
             return Plan([], emits)
-        scope = self._scope(
+        scope = self.scope(
             f"procedure {proc.name}",
             proc.on_stream,
             set(self.owned_windows(proc.name)),
@@ -487,10 +488,10 @@ class Catalog:
         if trig.target_kind == "window" and trig.target not in self.windows:
             raise InvalidArgument(f"deploy: {what} is ON WINDOW {trig.target!r}, which does not exist")
         if trig.target_kind == "stream":
-            scope = self._scope(f"trigger {trig.name}", trig.target, set(), set())
+            scope = self.scope(f"trigger {trig.name}", trig.target, set(), set())
             stream = trig.target
         else:
-            scope = self._scope(f"trigger {trig.name}", None, {trig.target}, set())
+            scope = self.scope(f"trigger {trig.name}", None, {trig.target}, set())
             stream = None
         statements = []
         for sql, line in zip(trig.body, trig.body_lines or [0] * len(trig.body), strict=False):
@@ -741,8 +742,6 @@ def _copy_def(d: Any) -> Any:
 
 
 def _mentions(sql: str, name: str) -> bool:
-    from streamtx.server.catalog.compile import referenced_names
-
     return name in referenced_names(sql)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,6 @@ class Front:
         self._stream_events: dict[str, asyncio.Event] = {}
         self._deploy_lock = asyncio.Lock()
         self._lock_file: Any = None
-        self.started = time.time()
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
 
     # ---------------------------------------------------------------- lifecycle

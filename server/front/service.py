@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 
-from streamtx.errors import Aborted, Internal, StreamTxError, Unauthenticated
+from streamtx.errors import StreamTxError, Unauthenticated
 from streamtx.server.front.front import Front
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
@@ -28,7 +28,6 @@ OUTCOMES = {
     "rejected": pb.REJECTED,
     "": pb.OUTCOME_UNSPECIFIED,
 }
-ADMIN = ("Deploy",)
 
 
 def version() -> str:
@@ -207,4 +206,4 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         )
 
 
-__all__ = ["StreamTxService", "Aborted", "Internal"]
+__all__ = ["StreamTxService"]

@@ -89,12 +89,6 @@ class Dataflow:
         self.engine = engine
 
     # ------------------------------------------------------------- commands
-    def run_push(self, stream: str, producer: str, batch_id: int, ts: int, batch: pa.Table) -> Outcome:
-        result = self.run_pushes([Push(stream, producer, batch_id, ts, batch)])[0]
-        if isinstance(result, StreamTxError):
-            raise result
-        return result
-
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
         """Takes queued batches, in order, in one DuckDB transaction when none aborts."""
         eng = self.engine
@@ -322,10 +316,7 @@ class _Run:
             te = self._next()
             self._group = te.group
             tx = self._transaction(te)
-            try:
-                self._run_te(te, tx)
-            finally:
-                tx.close()
+            self._run_te(te, tx)
             self._done(te, tx, None)
         self._group = None
 
@@ -344,10 +335,8 @@ class _Run:
                     assert self.push is not None
                     self.eng.record_mark(self.push.producer, self.push.stream, self.push.batch_id, self.ts)
             except StreamTxError as e:
-                tx.close()
                 self._abort(te, e)
                 continue
-            tx.close()
             if self._group is None:
                 self.eng.state.flush()
                 self.eng.con.execute("COMMIT")

@@ -58,7 +58,6 @@ class Transaction:
         self.stored: set[str] = set()  # retained streams this TE stored tuples on
         self.results: list[pa.Table] = []
         self.statements = 0
-        self._registered: list[str] = []
         self._input_registered = False
         self._depth = 0
 
@@ -163,11 +162,6 @@ class Transaction:
             self._register(batch_relation(self.input_stream), self.batch)
             self._input_registered = True
 
-    def close(self) -> None:
-        """Ends the TE. Registered relations stay (the next TE's register replaces them):
-        unregistering costs as much as a statement."""
-        self._registered.clear()
-
     def fire_stream_triggers(self, stream: str, rows: pa.Table) -> None:
         """Runs the EE triggers of `stream` over `rows`, just inserted into it."""
         names = self.engine.catalog.triggers_on("stream", stream)
@@ -217,7 +211,6 @@ class Transaction:
 
     def _register(self, name: str, table: pa.Table) -> None:
         self.con.register(name, table)
-        self._registered.append(name)
 
 
 def error_text(e: Exception) -> str:
@@ -245,7 +238,7 @@ def _as_table(rows: Any) -> pa.Table:
 
 def compile_python_sql(engine: Engine, procedure: str, sql: str) -> Compiled:
     proc = engine.catalog.procedures[procedure]
-    scope = engine.catalog._scope(
+    scope = engine.catalog.scope(
         f"procedure {procedure}",
         proc.on_stream,
         set(engine.catalog.owned_windows(procedure)),

@@ -94,14 +94,13 @@ class Windows:
         st.next_seq += batch.num_rows
         triggers = self.engine.catalog.triggers_on("window", window)
         if w.kind == "rows":
-            self._slide_rows(tx, window, table, w.size, w.slide, st, triggers)
+            self._slide_rows(tx, table, w.size, w.slide, st, triggers)
         else:
             self._slide_range(tx, window, table, w.size, w.slide, st, triggers, batch)
 
     def _slide_rows(
         self,
         tx: Transaction,
-        name: str,
         table: str,
         size: int,
         slide: int,
