@@ -29,6 +29,9 @@ VERBS: dict[str, str] = {
     "voter": "streamtx.bench.voter",
     "triggers": "streamtx.bench.triggers",
     "tstream": "streamtx.bench.tstream",
+    "partitions": "streamtx.bench.partitions",
+    "spark": "streamtx.bench.spark",
+    "ipc": "streamtx.bench.ipc",
 }
 
 

@@ -21,14 +21,14 @@ def default_procedures_path() -> Path:
 class ServerConfig:
     """Everything `streamtx serve` can be told.
 
-    Defaults give the embedded single-partition server on 127.0.0.1 that works
+    Defaults give a server on 127.0.0.1 with one partition per core that works
     on a laptop with nothing else installed.
     """
 
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT  # 0 picks a free port; the chosen one is printed and written to data_dir/port
     data_dir: Path = field(default_factory=lambda: Path("streamtx-data"))
-    partitions: int = 1
+    partitions: int = field(default_factory=lambda: os.cpu_count() or 1)
     executor: str = "serial"  # one of EXECUTORS
     procedures_path: Path = field(default_factory=default_procedures_path)
     token: str | None = field(default_factory=lambda: os.environ.get("STREAMTX_TOKEN") or None)
@@ -42,10 +42,14 @@ class ServerConfig:
     bins: int = 1024
     interval_size: int = 500  # punctuation interval: at most this many queued batches per transaction
     interval_ms: float = 0.0  # latency budget: wait up to this long for an interval to fill
+    staging_max_bytes: int = 512 * 1024 * 1024  # rows staged for two-phase pushes (Spark), in all
+    staging_ttl_s: float = 900.0  # staged rows never committed are dropped after this long idle
 
     def validate(self) -> None:
         if self.partitions < 1:
             raise ValueError(f"--partitions must be >= 1, got {self.partitions}")
+        if self.bins < self.partitions:
+            raise ValueError(f"--bins ({self.bins}) must be at least --partitions ({self.partitions})")
 
         if self.executor not in EXECUTORS:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
@@ -57,3 +61,7 @@ class ServerConfig:
             raise ValueError("--interval-ms must be >= 0")
         if self.max_batch_rows < 1:
             raise ValueError("--max-batch-rows must be >= 1")
+        if self.staging_max_bytes < 1:
+            raise ValueError("--staging-max-bytes must be >= 1")
+        if self.staging_ttl_s <= 0:
+            raise ValueError("--staging-ttl must be > 0")

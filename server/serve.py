@@ -84,13 +84,6 @@ class Server:
             f"({self.config.partitions} partition(s), data in {self.config.data_dir})",
             flush=True,
         )
-        if self.config.partitions > 1:
-            print(
-                f"streamtx: warning: --partitions {self.config.partitions} starts that many workers, but routing "
-                "by bin is not built yet: partition 0 executes every command",
-                file=sys.stderr,
-                flush=True,
-            )
         dead = asyncio.create_task(self._watch_partitions())
         await stop.wait()
         dead.cancel()

@@ -161,9 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = ServerConfig()
     p = sub.add_parser(
         "serve",
-        help="run a server (embedded single partition by default)",
+        help="run a server (one partition per core by default)",
         description="Runs a streamtx server in the foreground until interrupted. With no "
-        f"flags: one partition on {defaults.host}:{defaults.port}, data in "
+        f"flags: {defaults.partitions} partition(s) (one per core) on {defaults.host}:{defaults.port}, data in "
         f"./{defaults.data_dir}.",
     )
     p.add_argument("--host", default=defaults.host, help="interface to listen on (default %(default)s)")
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--partitions",
         type=int,
         default=defaults.partitions,
-        help="partition processes, each one thread with its own DuckDB (default %(default)s)",
+        help="partition processes, each one thread with its own DuckDB (default: one per core, %(default)s here)",
     )
     p.add_argument(
         "--executor",
@@ -230,6 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.stream_retention,
         help="batches kept on a stream no procedure consumes, for Subscribe (default %(default)s)",
+    )
+    p.add_argument(
+        "--staging-max-bytes",
+        type=int,
+        default=defaults.staging_max_bytes,
+        help="bytes of rows staged for two-phase pushes (Spark), in all; beyond it Stage is "
+        "RESOURCE_EXHAUSTED (default %(default)s)",
+    )
+    p.add_argument(
+        "--staging-ttl",
+        type=float,
+        default=defaults.staging_ttl_s,
+        help="seconds after which staged rows never committed are dropped (default %(default)s)",
     )
     p.add_argument(
         "--order-timeout",
@@ -605,6 +618,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_in_flight=args.max_in_flight,
         stream_retention=args.stream_retention,
         order_timeout_s=args.order_timeout,
+        staging_max_bytes=args.staging_max_bytes,
+        staging_ttl_s=args.staging_ttl,
         bins=args.bins,
         interval_size=args.interval_size,
         interval_ms=args.interval_ms,

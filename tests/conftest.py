@@ -8,11 +8,23 @@ import pytest
 
 from streamtx.server.embedded import EmbeddedServer
 
+PARTITION_COUNTS = (1, 2, 4)
+"""The partition counts every dataflow correctness suite runs with (a module opts in with PARTITIONS = ...)."""
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    counts = getattr(metafunc.module, "PARTITIONS", None)
+    if counts and "server" in metafunc.fixturenames:
+        metafunc.parametrize("server", counts, indirect=True, ids=[f"P{p}" for p in counts])
+
 
 @pytest.fixture
-def server(tmp_path) -> Iterator[EmbeddedServer]:
-    """A fresh server (its own data directory) per test; `.target` is HOST:PORT."""
-    with EmbeddedServer(tmp_path / "data") as srv:
+def server(request, tmp_path) -> Iterator[EmbeddedServer]:
+    """A fresh server (its own data directory) per test; `.target` is HOST:PORT.
+
+    One partition, unless the module parametrizes it (PARTITIONS).
+    """
+    with EmbeddedServer(tmp_path / "data", partitions=getattr(request, "param", 1)) as srv:
         yield srv
 
 

@@ -165,3 +165,16 @@ def test_a_broken_verb_does_not_take_the_others_down(monkeypatch, capsys):
     assert args.verb == "push"
     assert bench.main(["broken", "--whatever"]) == 2
     assert "streamtx bench broken is not available" in capsys.readouterr().err
+
+
+def test_bench_ipc_quick_echoes_every_row(tmp_path, capsys):
+    plot = tmp_path / "ipc.png"
+    assert main(["ipc", "--quick", "--quiet", "--messages", "500", "--plot", str(plot)]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    configs, ratio = lines[:-1], lines[-1]
+    assert {(r["rows"], r["mode"]) for r in configs} == {
+        (rows, mode) for rows in (0, 1, 100, 10_000, 100_000) for mode in ("round trip", "pipelined")
+    }
+    assert all(r["messages_per_s"] > 0 for r in configs)
+    assert RATIO_KEYS <= set(ratio) and ratio["benchmark"] == "ipc" and ratio["ratio"] > 0
+    assert plot.stat().st_size > 0

@@ -11,9 +11,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from conftest import PARTITION_COUNTS
 
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument
+
+PARTITIONS = PARTITION_COUNTS
 
 pytestmark = pytest.mark.timeout(180)
 

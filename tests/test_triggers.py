@@ -8,6 +8,9 @@ TEs ran, across batches. Real server per test (conftest `server`/`client`).
 from __future__ import annotations
 
 import pytest
+from conftest import PARTITION_COUNTS
+
+PARTITIONS = PARTITION_COUNTS
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -15,6 +15,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
+from conftest import PARTITION_COUNTS
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,9 +28,11 @@ from streamtx.server.embedded import EmbeddedServer
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture(scope="module")
-def voter_server(tmp_path_factory):
-    with EmbeddedServer(tmp_path_factory.mktemp("voter"), extra_args=["--order-timeout", "30"]) as srv:
+@pytest.fixture(scope="module", params=PARTITION_COUNTS, ids=[f"P{p}" for p in PARTITION_COUNTS])
+def voter_server(request, tmp_path_factory):
+    with EmbeddedServer(
+        tmp_path_factory.mktemp("voter"), partitions=request.param, extra_args=["--order-timeout", "30"]
+    ) as srv:
         yield srv
 
 

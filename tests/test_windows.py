@@ -12,8 +12,11 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import PARTITION_COUNTS
 
 from streamtx.errors import InvalidArgument
+
+PARTITIONS = PARTITION_COUNTS
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -82,8 +82,10 @@ CREATE PROCEDURE leaderboard ON STREAM validated AS BEGIN
 END;
 
 CREATE PROCEDURE delete_contestant ON STREAM to_delete AS BEGIN
+    -- reads only the home partition's tally, so it emits once however many partitions hold votes
     INSERT INTO deletions
-        SELECT d.contestant_number, (SELECT count(*) FROM votes v WHERE v.contestant_number = d.contestant_number)
+        SELECT d.contestant_number,
+               coalesce((SELECT num_votes FROM contestant_votes v WHERE v.contestant_number = d.contestant_number), 0)
         FROM to_delete d;
     UPDATE phone_votes SET num_votes = phone_votes.num_votes - d.n
         FROM (SELECT phone_number, count(*) AS n FROM votes

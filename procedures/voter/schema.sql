@@ -5,8 +5,8 @@
 CREATE TABLE contestants (
     contestant_number INTEGER PRIMARY KEY,
     contestant_name VARCHAR NOT NULL
-);
-CREATE TABLE area_code_state (area_code INTEGER PRIMARY KEY, state VARCHAR NOT NULL);
+) REPLICATED;
+CREATE TABLE area_code_state (area_code INTEGER PRIMARY KEY, state VARCHAR NOT NULL) REPLICATED;
 CREATE TABLE votes (
     vote_id BIGINT PRIMARY KEY,
     phone_number BIGINT NOT NULL,
@@ -29,7 +29,7 @@ CREATE TABLE voter_config (
     max_votes INTEGER NOT NULL,
     delete_every BIGINT NOT NULL,
     trending_window INTEGER NOT NULL
-);
+) REPLICATED;
 
 CREATE PROCEDURE setup (num_contestants INTEGER, max_votes INTEGER, delete_every BIGINT, trending_window INTEGER) AS BEGIN
     INSERT INTO contestants

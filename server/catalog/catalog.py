@@ -11,7 +11,6 @@ catalog; it is persisted as JSON in the data directory.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +20,8 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
-from streamtx.server.catalog import ddl
+from streamtx.files import atomic_write
+from streamtx.server.catalog import ddl, placement
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
     STREAM_SCHEMA,
@@ -34,6 +34,7 @@ from streamtx.server.catalog.compile import (
     quote,
     referenced_names,
 )
+from streamtx.server.partitioning import KEY_TYPES
 
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
 RELATION_KINDS = ("table", "stream", "window", "index")
@@ -45,6 +46,7 @@ class TableDef:
     name: str
     sql: str
     partition_by: str | None = None
+    replicated: bool = False
 
 
 @dataclass
@@ -101,6 +103,8 @@ class Plan:
 
     statements: list[Compiled]
     emits: frozenset[str]
+    owned: dict[int, Compiled] = field(default_factory=dict)
+    """Variants of INSERTs into partitioned tables that keep this partition's keys (everywhere TEs, P > 1)."""
 
 
 PythonResolver = Callable[[str], Any]
@@ -128,6 +132,8 @@ class Catalog:
         self.topo_rank: dict[str, int] = {}
         self.stream_schemas: dict[str, pa.Schema] = {}
         self.table_columns: dict[str, list[str]] = {}
+        self.table_key_types: dict[str, str] = {}
+        self.placement = placement.Placement()
         self.retained: frozenset[str] = frozenset()
         """Streams no procedure or EE trigger consumes: their batches are stored for Subscribe.
 
@@ -166,18 +172,7 @@ class Catalog:
         return cat
 
     def save(self, path: Path) -> None:
-        """Writes the catalog atomically (temp file, fsync, rename)."""
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        atomic_write(path, self.to_json())
 
     @classmethod
     def load(cls, path: Path, resolve_python: PythonResolver | None = None) -> Catalog:
@@ -305,6 +300,30 @@ class Catalog:
             con.close()
         self._derive_graph()
         self._check_groups()
+        self.placement = placement.derive(self)
+        self._compile_owned_inserts()
+
+    def _compile_owned_inserts(self) -> None:
+        for unit, rewrites in self.placement.owned_inserts.items():
+            kind, _, name = unit.rpartition(" ")
+            if kind == "trigger":
+                trig = self.triggers[name]
+                plan = self.trigger_plans[name]
+                if trig.target_kind == "stream":
+                    scope = self.scope(f"trigger {name}", trig.target, set(), set())
+                else:
+                    scope = self.scope(f"trigger {name}", None, {trig.target}, set())
+            else:
+                proc = self.procedures[unit]
+                plan = self.plans[unit]
+                scope = self.scope(
+                    f"procedure {unit}",
+                    proc.on_stream,
+                    set(self.owned_windows(unit)),
+                    {p for p, _ in proc.params},
+                    tuple(proc.params),
+                )
+            plan.owned = {i: compile_statement(sql, scope) for i, sql in rewrites.items()}
 
     def _check_groups(self) -> None:
         """A transaction group must be able to run as one unit, back to back.
@@ -325,7 +344,7 @@ class Catalog:
                 owner[p] = group.name
         feeds: dict[str, set[str]] = {p: set() for p in self.procedures}
         for p in self.procedures:
-            for stream in self._emitted_by(p):
+            for stream in self.emitted_by(p):
                 feeds[p] |= set(self.consumers.get(stream, []))
         reach = {p: _reachable(p, feeds) for p in self.procedures}
         for group in self.groups.values():
@@ -346,7 +365,7 @@ class Catalog:
                     "procedures of one stream are taken together per batch, so they can be in one group at most"
                 )
 
-    def _emitted_by(self, procedure: str) -> set[str]:
+    def emitted_by(self, procedure: str) -> set[str]:
         """Streams a procedure's TE can emit on, directly or through EE triggers."""
         out = set(self.plans[procedure].emits)
         todo = list(out)
@@ -375,20 +394,31 @@ class Catalog:
             self.stream_schemas[name] = (
                 con.sql(f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(name)} LIMIT 0").to_arrow_table().schema
             )
-        self.table_columns = {
-            name: [r[0] for r in con.execute(f"DESCRIBE {quote(name)}").fetchall()] for name in self.tables
-        }
+        described = {name: con.execute(f"DESCRIBE {quote(name)}").fetchall() for name in self.tables}
+        self.table_columns = {name: [r[0] for r in rows] for name, rows in described.items()}
+        self.table_key_types = {}
         for table in self.tables.values():
             if table.partition_by and table.partition_by not in self.table_columns[table.name]:
                 raise InvalidArgument(
                     f"deploy: table {table.name!r}: PARTITION BY column {table.partition_by!r} does not exist"
                 )
+            if table.partition_by:
+                key_type = dict((r[0], r[1]) for r in described[table.name])[table.partition_by]
+                _check_key_type(f"table {table.name!r}", table.partition_by, key_type)
+                self.table_key_types[table.name] = key_type
         for stream in self.streams.values():
             names = [c for c, _ in stream.columns]
             if stream.partition_by and stream.partition_by not in names:
                 raise InvalidArgument(
                     f"deploy: stream {stream.name!r}: PARTITION BY column {stream.partition_by!r} does not exist"
                 )
+            if stream.partition_by:
+                key_type = con.execute(
+                    f"SELECT data_type FROM information_schema.columns WHERE table_schema = '{STREAM_SCHEMA}' "
+                    "AND table_name = $t AND column_name = $c",
+                    {"t": stream.name, "c": stream.partition_by},
+                ).fetchall()[0][0]
+                _check_key_type(f"stream {stream.name!r}", stream.partition_by, key_type)
             if "batch_id" in names:
                 raise InvalidArgument(f"deploy: stream {stream.name!r}: column name 'batch_id' is reserved")
 
@@ -698,7 +728,7 @@ def physical_diff(old: Catalog, new: Catalog, dropped: set[tuple[str, str]] = fr
 
 def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
     if isinstance(st, ddl.CreateTable):
-        return "table", TableDef(st.name, st.sql, st.partition_by), False, st.if_not_exists
+        return "table", TableDef(st.name, st.sql, st.partition_by, st.replicated), False, st.if_not_exists
     if isinstance(st, ddl.CreateStream):
         cols = [(c.name, c.type) for c in st.columns]
         return "stream", StreamDef(st.name, cols, st.partition_by), False, st.if_not_exists
@@ -728,6 +758,14 @@ def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
     if isinstance(st, ddl.CreateGroup):
         return "group", GroupDef(st.name, list(st.procedures)), False, False
     raise InvalidArgument(f"deploy: unsupported statement {st!r}")
+
+
+def _check_key_type(what: str, column: str, key_type: str) -> None:
+    if key_type not in KEY_TYPES:
+        raise InvalidArgument(
+            f"deploy: {what}: cannot PARTITION BY column {column!r} of type {key_type}; "
+            f"partition keys are {', '.join(KEY_TYPES)}"
+        )
 
 
 def _compiled(sql: str, scope: Scope, line: int) -> Compiled:

@@ -50,6 +50,7 @@ class CreateTable:
     partition_by: str | None
     if_not_exists: bool
     line: int
+    replicated: bool = False
 
 
 @dataclass(frozen=True)
@@ -655,8 +656,11 @@ def _parse_table(c: _Cursor) -> CreateTable:
     if not inner:
         c.fail("the column list is empty", open_)
     partition = c.partition_by()
+    replicated = partition is None and c.accept("REPLICATED")
+    if replicated and c.at("PARTITION"):
+        c.fail("a table is either REPLICATED or PARTITION BY a column, not both")
     c.finish()
-    return CreateTable(name, c.text_of(c.toks[0], close), partition, if_not_exists, c.line)
+    return CreateTable(name, c.text_of(c.toks[0], close), partition, if_not_exists, c.line, replicated)
 
 
 def _parse_stream(c: _Cursor) -> CreateStream:

@@ -24,9 +24,15 @@ from streamtx.errors import (
     StreamTxError,
 )
 from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.catalog.placement import COORDINATED, KEYED
+from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
+from streamtx.server.front import scatter
+from streamtx.server.front.coordinator import HOME, Coordinator
+from streamtx.server.front.gate import Gate
 from streamtx.server.front.partitions import Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.partitioning import PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
 
 CATALOG_FILE = "catalog.json"
@@ -46,6 +52,9 @@ class Front:
         self._deploy_lock = asyncio.Lock()
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
+        self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
+        self.gate = Gate()
+        self.coordinator = Coordinator(self)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -56,9 +65,14 @@ class Front:
         except BlockingIOError:
             raise SystemExit(f"streamtx: data directory {self.data_dir} is in use by another server") from None
         self.catalog = await asyncio.to_thread(Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve)
+        self.map = await asyncio.to_thread(
+            PartitionMap.load_or_create, self.data_dir, self.config.partitions, self.map.bins
+        )
         await self.partitions.start()
         ddl = [s.sql for s in create_statements(self.catalog)]
-        await self.partitions.broadcast({"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl})
+        await self.partitions.broadcast(
+            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json()}
+        )
         for reply, _ in await self.partitions.broadcast({"op": "marks"}):
             self.sequencer.load_marks(reply["marks"], reply["last_ts"])
 
@@ -72,7 +86,8 @@ class Front:
     async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
         async with self._deploy_lock:
             new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
-            await self.partitions.broadcast({"op": "install", "catalog": new.to_json(), "ddl": ddl})
+            install = {"op": "install", "catalog": new.to_json(), "ddl": ddl}
+            await self.ask_all(install)
             await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
             self.catalog = new
             self.sequencer.forget_streams(set(new.streams))
@@ -135,39 +150,51 @@ class Front:
                 "code": error.code.value[0],
                 "reason": error.message,
             }
-            return asyncio.ensure_future(self._gather_push(stream, [self.partitions[0].send(header)]))
+            return self.gate.run(lambda: self._finish_push(self.partitions[HOME].send(header)))
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
     def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
-        header = {
-            "op": "push",
-            "stream": stream,
-            "producer": producer,
-            "batch_id": batch_id,
-            "ts": ts,
-        }
-        targets = self.route(stream, table)
-        futs = [self.partitions[p].send(header, [part]) for p, part in targets]
-        return asyncio.ensure_future(self._gather_push(stream, futs))
+        target = self.local_target(stream, table)
+        if target is None:
+            return self.gate.run_coordinated(lambda: self.coordinator.push(stream, producer, batch_id, ts, table))
+        header = {"op": "push", "stream": stream, "producer": producer, "batch_id": batch_id, "ts": ts}
+        return self.gate.run(lambda: self._finish_push(self.partitions[target].send(header, [table])))
 
-    async def _gather_push(self, stream: str, futs: list[asyncio.Future]) -> dict[str, Any]:
-        replies = await asyncio.gather(*futs)
-        results = [checked(r)[0] for r in replies]
-        outcome = results[0]
-        for r in results:
-            for s in r.get("emitted", ()):
+    def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:
+        async def finish() -> dict[str, Any]:
+            outcome = checked(await fut)[0]
+            for s in outcome.get("emitted", ()):
                 self.notify(s)
-        self.counters[outcome["outcome"]] += 1
-        return outcome
+            self.counters[outcome["outcome"]] += 1
+            return outcome
 
-    def route(self, stream: str, table: pa.Table) -> list[tuple[int, pa.Table]]:
-        """The partitions a batch goes to, with their slices.
+        return asyncio.ensure_future(finish())
 
-        Single-partition servers send everything to partition 0; the bin map
-        for partitioned streams arrives with multi-partition support.
-        """
-        return [(0, table)]
+    def local_target(self, stream: str, table: pa.Table) -> int | None:
+        """The one partition that runs all of a batch's TEs, or None if they span partitions (coordinated)."""
+        if len(self.partitions) == 1:
+            return HOME
+        mode = self.catalog.placement.push_mode.get(stream, COORDINATED)
+        if mode == HOME_MODE:
+            return HOME
+        if mode == KEYED:
+            key = self.catalog.placement.streams[stream]
+            assert key is not None
+            if table.num_rows == 0:
+                return HOME
+            owners = self.map.owners(table.column(key))
+            first = int(owners[0])
+            if (owners == first).all():
+                return first
+        return None
+
+    def call_owner(self, procedure: str, params: dict[str, Any]) -> int:
+        """The partition that owns a partitioned procedure's key parameter."""
+        key = self.catalog.placement.keys[procedure]
+        type_sql = dict(self.catalog.procedures[procedure].params)[key]
+        value = self.parser.execute(f"SELECT CAST($v AS {type_sql})", {"v": params[key]}).fetchall()[0][0]
+        return int(self.map.owners(pa.array([value]))[0])
 
     # -------------------------------------------------------------------- call
     async def call(self, procedure: str, params: dict[str, Any]) -> tuple[int, list[pa.Table]]:
@@ -190,8 +217,14 @@ class Front:
             raise InvalidArgument(f"call {procedure}: missing parameter {missing[0]!r}")
         bound = {name: _coerce_param(self.parser, procedure, name, declared[name], params[name]) for name in declared}
         ts = self.sequencer.next_ts()
-        fut = self.partitions[0].send({"op": "call", "procedure": procedure, "params": bound, "ts": ts})
-        reply, results = checked(await fut)
+        mode = self.catalog.placement.call_mode.get(procedure, COORDINATED) if len(self.partitions) > 1 else HOME_MODE
+        if mode == COORDINATED:
+            _, results = await self.gate.run_coordinated(lambda: self.coordinator.call(procedure, bound, ts))
+            self.counters["calls"] += 1
+            return ts, results
+        target = HOME if mode == HOME_MODE else self.call_owner(procedure, bound)
+        header = {"op": "call", "procedure": procedure, "params": bound, "ts": ts}
+        reply, results = checked(await self.gate.run(lambda: self.partitions[target].send(header)))
         for s in reply.get("emitted", ()):
             self.notify(s)
         self.counters["calls"] += 1
@@ -200,9 +233,20 @@ class Front:
     # ------------------------------------------------------------------- query
     async def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
         check_read_only(self.parser, sql)
-        reply, tables = await self.partitions[0].request({"op": "query", "sql": sql, "params": params})
         self.counters["queries"] += 1
-        return tables[0]
+        return await scatter.query(self, sql, params)
+
+    async def ask(self, partition: int, header: dict[str, Any]) -> Reply:
+        """A read of one partition, in order with every command (behind a coordinated one)."""
+        return checked(await self.gate.run(lambda: self.partitions[partition].send(header)))
+
+    async def ask_all(self, header: dict[str, Any]) -> list[Reply]:
+        """A read of every partition at one point of the command order (a consistent cut)."""
+
+        def send() -> asyncio.Future:
+            return asyncio.ensure_future(asyncio.gather(*(p.send(header) for p in self.partitions.all)))
+
+        return [checked(r) for r in await self.gate.run(send)]
 
     # --------------------------------------------------------------- subscribe
     def check_subscribe(self, stream: str) -> None:
@@ -216,15 +260,11 @@ class Front:
             )
 
     async def read_stream(self, stream: str, from_batch: int, max_batches: int = 64) -> list[tuple[int, pa.Table]]:
-        reply, tables = await self.partitions[0].request(
-            {
-                "op": "read_stream",
-                "stream": stream,
-                "from_batch": from_batch,
-                "max_batches": max_batches,
-            }
-        )
-        return list(zip(reply["batch_ids"], tables, strict=True))
+        header = {"op": "read_stream", "stream": stream, "from_batch": from_batch, "max_batches": max_batches}
+        if len(self.partitions) == 1:
+            reply, tables = await self.ask(HOME, header)
+            return list(zip(reply["batch_ids"], tables, strict=True))
+        return scatter.merge_stream_reads(await self.ask_all(header), max_batches)
 
     def stream_event(self, stream: str) -> asyncio.Event:
         ev = self._stream_events.get(stream)
@@ -239,6 +279,19 @@ class Front:
 
     # ------------------------------------------------------------------ status
     async def status(self) -> dict[str, Any]:
+        """The front's counters, and each live partition's as `partition<i>.<counter>`."""
+        counters = dict(self.counters)
+        live = [p for p in self.partitions.all if p.alive]
+        replies = await self.gate.run(
+            lambda: asyncio.ensure_future(
+                asyncio.gather(*(p.send({"op": "status"}) for p in live), return_exceptions=True)
+            )
+        )
+        for p, reply in zip(live, replies, strict=True):
+            if isinstance(reply, BaseException) or not reply[0].get("ok"):
+                continue
+            for name, n in reply[0]["counters"].items():
+                counters[f"partition{p.index}.{name}"] = n
         parts = []
         for p in self.partitions.all:
             parts.append(
@@ -252,7 +305,8 @@ class Front:
             )
         return {
             "partitions": parts,
-            "counters": dict(self.counters),
+            "bins": self.map.bins,
+            "counters": counters,
             "last_timestamp": self.sequencer.last_ts,
         }
 
@@ -283,7 +337,7 @@ def _coerce_param(con: duckdb.DuckDBPyConnection, procedure: str, name: str, typ
     if value is None:
         return None
     try:
-        cast = con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchone()[0]
+        cast = con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchall()[0][0]
     except duckdb.Error as e:
         raise InvalidArgument(
             f"call {procedure}: parameter {name!r}: {value!r} is not a {type_sql} ({str(e).splitlines()[0]})"

@@ -122,8 +122,7 @@ class Partition:
                     break
                 await asyncio.sleep(0.01)
         if self.error is None:
-            how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
-            self.error = f"partition {self.index} (pid {self.pid}) died: {how}"
+            self.error = self._death(code)
             print(f"streamtx: {self.error}", file=sys.stderr, flush=True)
         err = Unavailable(self._dead_message())
         for fut in self._pending.values():
@@ -132,7 +131,13 @@ class Partition:
         self._pending.clear()
 
     def _dead_message(self) -> str:
+        if self.error is None and self.proc is not None and self.proc.poll() is not None:
+            return self._death(self.proc.poll())
         return self.error or f"partition {self.index} is not running"
+
+    def _death(self, code: int | None) -> str:
+        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+        return f"partition {self.index} (pid {self.pid}) died: {how}"
 
     async def stop(self, timeout: float = 5.0) -> None:
         if self.proc is None:

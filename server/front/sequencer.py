@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Callable
 
 from streamtx.errors import FailedPrecondition
+from streamtx.server.front.gate import forward
 
 Dispatch = Callable[[int], asyncio.Future]
 """Sends a batch to its partitions with the given timestamp, synchronously (so that
@@ -74,7 +75,7 @@ class Sequencer:
             dispatch, waiter = entry
             self.dispatched[key] = nxt
             inner = dispatch(self.next_ts())
-            _forward(inner, waiter)
+            forward(inner, waiter)
         if parked is not None and not parked:
             self._parked.pop(key, None)
 
@@ -99,21 +100,7 @@ class Sequencer:
         return sum(len(p) for p in self._parked.values())
 
 
-def _forward(inner: asyncio.Future, outer: asyncio.Future) -> None:
-    def done(f: asyncio.Future) -> None:
-        if outer.done():
-            return
-        if f.cancelled():
-            outer.cancel()
-        elif f.exception() is not None:
-            outer.set_exception(f.exception())
-        else:
-            outer.set_result(f.result())
-
-    inner.add_done_callback(done)
-
-
 def _chain(fut: asyncio.Future) -> asyncio.Future:
     out: asyncio.Future = asyncio.get_running_loop().create_future()
-    _forward(fut, out)
+    forward(fut, out)
     return out

@@ -87,6 +87,9 @@ class _TE:
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._open = False  # a coordinated command's transaction is open, awaiting `decide`
+        self._open_windows: Any = None
+        self._open_stored: set[str] = set()
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -179,6 +182,91 @@ class Dataflow:
         self._keep(keep)
         return out, run.results
 
+    # ------------------------------------------------- coordinated commands
+    def run_fragment(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+        """This partition's TEs of one step of a coordinated command, left uncommitted for `decide`.
+
+        The front sends nothing else to this partition until it decides, so the
+        DuckDB transaction stays open across the front's round trip (other
+        partitions' fragments of the same TE run meanwhile); the global
+        timestamp order makes that wait deadlock-free. Several steps (the TEs of
+        a transaction group) may share the open transaction. An abort rolls it
+        back here at once; the front then undoes the other partitions' parts.
+        Outputs go back to the front, which routes them: no PE trigger fires here.
+        """
+        eng = self.engine
+        push = h.get("push")
+        if push is not None and not self._open:
+            dup = self._duplicate(push["producer"], push["stream"], push["batch_id"])
+            if dup is not None:
+                return {"duplicate": dup.header()}, []
+        if not self._open:
+            eng.con.execute("BEGIN")
+            self._open_windows = eng.windows.snapshot()
+            self._open_stored = set()
+            self._open = True
+        run = _Run(self, h["ts"], {})
+        run.call_params = h.get("params")
+        emitted: dict[str, list[pa.Table]] = {}
+        results: list[pa.Table] = []
+        result_ids: list[int] = []
+        stored: set[str] = set()
+        eng.coordinated = True
+        try:
+            for spec, table in zip(h["tes"], tables, strict=True):
+                stream = spec["stream"]
+                if stream is not None:
+                    run.inputs[stream] = table
+                te = _TE(spec["procedure"], stream, None, border=spec["border"], entry=spec["entry"])
+                tx = run._transaction(te)
+                run._run_te(te, tx)
+                for s, parts in tx.emitted.items():
+                    emitted.setdefault(s, []).extend(parts)
+                stored |= tx.stored
+                if stream is None:
+                    results += tx.results
+                    result_ids += tx.result_ids
+        except StreamTxError as e:
+            self._rollback(self._open_windows)
+            self._open = False
+            return {"aborted": True, "code": e.code.value[0], "reason": e.message}, []
+        finally:
+            eng.coordinated = False
+            eng.prepared.clear()
+        self._open_stored |= stored
+        eng.counters["fragments"] += 1
+        streams = sorted(emitted)
+        out = [pa.concat_tables(emitted[s]) for s in streams]
+        reply = {"aborted": False, "emitted": streams, "stored": sorted(stored), "result_ids": result_ids}
+        if "autocommit" in h:
+            self.decide({"commit": True, "ts": h["ts"], "mark": h["autocommit"]["mark"]})
+        return reply, out + results
+
+    def decide(self, h: dict[str, Any]) -> dict[str, Any]:
+        """Commits or undoes the open coordinated transaction; records the batch's mark or rejection."""
+        eng = self.engine
+        ts = h["ts"]
+        if h["commit"] and self._open:
+            mark = h.get("mark")
+            if mark is not None:
+                eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
+            eng.state.flush()
+            eng.con.execute("COMMIT")
+            if mark is not None:
+                eng.marks[(mark[0], mark[1])] = mark[2]
+            self._keep({s: [ts] for s in self._open_stored})
+        elif self._open:
+            self._rollback(self._open_windows)
+        self._open = False
+        self._open_stored = set()
+        eng.last_ts = max(eng.last_ts, ts)
+        rejection = h.get("rejection")
+        if rejection is not None:
+            producer, stream, batch_id, code, reason = rejection
+            if batch_id > eng.marks.get((producer, stream), 0):
+                eng.record_rejection(producer, stream, batch_id, ts, code, reason)
+        return {}
+
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
         eng = self.engine
@@ -247,7 +335,7 @@ class Dataflow:
         """Feeds the procedure's windows with its input, then runs its code."""
         cat = self.engine.catalog
         proc = cat.procedures[procedure]
-        if tx.input_stream is not None and tx.batch is not None:
+        if tx.input_stream is not None and tx.batch is not None and not tx.away:
             for window in cat.owned_windows(procedure):
                 tx.register_input()
                 self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
@@ -255,7 +343,7 @@ class Dataflow:
             tx.run_python(self.engine.loader.resolve(proc.python))
         else:
             tx.register_input()
-            tx.run_plan(cat.plans[procedure].statements)
+            tx.run_plan(tx.statements_of(procedure))
 
 
 class _Run:

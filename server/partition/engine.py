@@ -21,12 +21,14 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamtx.errors import FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
+from streamtx.errors import Aborted, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
+from streamtx.server.catalog.placement import owner_filter
 from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
+from streamtx.server.partitioning import KEY_TYPES, PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
 from streamtx.server.statetx import Event
 
@@ -49,7 +51,7 @@ class Engine:
         self.executor = executor
         self.loader = loader
         self.retention = retention
-        self.con = duckdb.connect(config={"enable_external_access": False})
+        self.con = duckdb.connect(config={"enable_external_access": False, "threads": 1})  # one core per partition
         for sql in SYSTEM_DDL:
             self.con.execute(sql)
         self.catalog = Catalog()
@@ -61,10 +63,23 @@ class Engine:
         self.windows = Windows(self)
         self.state = StateStore(self)
         self.prepared: dict[tuple[int, str], list[Event]] = {}  # (ts, procedure) -> pre-processed events
+        self.map = PartitionMap.round_robin(1, 1)
+        self.coordinated = False  # running a fragment of a coordinated command: the front routes its output
+        for key_type in KEY_TYPES:
+            self.con.create_function(
+                owner_filter(key_type),
+                self._owned,
+                [key_type],
+                "BOOLEAN",
+                type="arrow",
+                null_handling="special",
+            )
 
     # ---------------------------------------------------------------- catalog
-    def install(self, catalog_json: str, ddl: list[str]) -> None:
+    def install(self, catalog_json: str, ddl: list[str], partition_map: str | None = None) -> None:
         """Runs a deploy's physical DDL and switches to the new catalog, atomically."""
+        if partition_map is not None:
+            self.map = PartitionMap.from_json(partition_map)
         catalog = Catalog.from_json(catalog_json, self.loader.resolve)
         self.con.execute("BEGIN")
         try:
@@ -83,6 +98,31 @@ class Engine:
             if stream not in catalog.streams:
                 del self.retained[stream]
                 self.trimmed_through.pop(stream, None)
+
+    def _owned(self, keys: pa.Array) -> pa.Array:
+        return pa.array(self.map.owners(keys) == self.partition)
+
+    def check_local(self, procedure: str | None, stream: str, rows: pa.Table) -> None:
+        """In a local (keyed) command, tuples passed to a partitioned consumer must stay on this partition.
+
+        The front sends a keyed batch to the one partition owning its keys; a
+        procedure that emits keys of another partition on a stream partitioned
+        by the same column would have its consumer run in the wrong place, so
+        its TE aborts instead. Coordinated commands route every output anyway.
+        """
+        if self.coordinated or self.map.partitions == 1:
+            return
+        key = self.catalog.placement.streams.get(stream)
+        if key is None or not self.catalog.consumers.get(stream):
+            return
+        owners = self.map.owners(rows.column(key))
+        stray = owners[owners != self.partition]
+        if len(stray):
+            raise Aborted(
+                f"procedure {procedure}: emitted rows on stream {stream!r} whose {key} belongs to partition "
+                f"{int(stray[0])}, not to this partition ({self.partition}); a procedure partitioned by a key "
+                f"emits only rows of its own keys on a stream partitioned by {key}"
+            )
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one engine per process
     def compile_for(self, procedure: str | None, sql: str) -> Compiled:
@@ -210,8 +250,13 @@ class Engine:
             raise InvalidArgument(f"query: {error_text(e)}") from None
 
     def status(self) -> dict[str, Any]:
+        """Counters, and the rows each table holds here (how the keys spread over partitions)."""
+        rows = {}
+        if self.catalog.tables:
+            sql = " UNION ALL ".join(f"SELECT '{t}', count(*) FROM {quote(t)}" for t in sorted(self.catalog.tables))
+            rows = {f"rows.{t}": n for t, n in self.con.execute(sql).fetchall()}
         return {
             "partition": self.partition,
             "last_ts": self.last_ts,
-            "counters": dict(self.counters),
+            "counters": {**self.counters, **rows},
         }

@@ -24,6 +24,7 @@ from streamtx.server.catalog.compile import (
     batch_relation,
     compile_statement,
 )
+from streamtx.server.catalog.placement import EVERYWHERE
 from streamtx.server.statetx import Event, StateProcedure, apply_event
 from streamtx.wire import conform
 
@@ -60,6 +61,12 @@ class Transaction:
         self.statements = 0
         self._input_registered = False
         self._depth = 0
+        everywhere = engine.catalog.placement.procedures.get(procedure or "") == EVERYWHERE
+        self.away = everywhere and engine.partition != 0
+        """An everywhere TE away from the home partition: runs only its statements that span partitions."""
+        self.spread = everywhere and engine.map.partitions > 1
+        """An everywhere TE on a partitioned server: INSERTs into partitioned tables keep only owned keys."""
+        self.result_ids: list[int] = []  # the statement each result table came from
 
     # ------------------------------------------------------------ public (Tx)
     def sql(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
@@ -95,11 +102,26 @@ class Transaction:
         raise Aborted(reason)
 
     # --------------------------------------------------------------- engine
-    def run_plan(self, statements: list[Compiled]) -> None:
-        for compiled in statements:
+    def run_plan(self, statements: list[tuple[int, Compiled]]) -> None:
+        for i, compiled in statements:
             out = self._run(compiled, self.params)
             if out is not None and compiled.returns_rows:
                 self.results.append(out)
+                self.result_ids.append(i)
+
+    def statements_of(self, unit: str) -> list[tuple[int, Compiled]]:
+        """The statements of `unit` (a procedure, or "trigger t") as this partition runs them in this TE.
+
+        One partition: all of them. An everywhere TE on several partitions:
+        its INSERTs into partitioned tables keep the rows this partition owns,
+        and away from home it skips the statements that only touch home state.
+        """
+        cat = self.engine.catalog
+        plan = cat.trigger_plans[unit[8:]] if unit.startswith("trigger ") else cat.plans[unit]
+        if not self.spread:
+            return list(enumerate(plan.statements))
+        skip = cat.placement.home_only.get(unit, frozenset()) if self.away else frozenset()
+        return [(i, plan.owned.get(i, c)) for i, c in enumerate(plan.statements) if i not in skip]
 
     def run_python(self, fn: Callable[..., Any]) -> None:
         """Runs a Python procedure; an exception from its code aborts the TE (it is not a server bug)."""
@@ -173,7 +195,7 @@ class Transaction:
         self._register(batch_relation(stream), rows)
         try:
             for name in names:
-                for compiled in self.engine.catalog.trigger_plans[name].statements:
+                for _, compiled in self.statements_of(f"trigger {name}"):
                     self.run_compiled(compiled)
         finally:
             self._depth -= 1
@@ -206,6 +228,7 @@ class Transaction:
             raise Aborted(f"procedure {self.procedure or '?'}: {error_text(e)}") from None
 
     def _emitted(self, stream: str, rows: pa.Table) -> None:
+        self.engine.check_local(self.procedure, stream, rows)
         self.emitted.setdefault(stream, []).append(rows)
         self.fire_stream_triggers(stream, rows)
 

@@ -150,5 +150,5 @@ class Windows:
 
     def _fire(self, tx: Transaction, triggers: list[str]) -> None:
         for name in triggers:
-            for compiled in self.engine.catalog.trigger_plans[name].statements:
+            for _, compiled in tx.statements_of(f"trigger {name}"):
                 tx.run_compiled(compiled)

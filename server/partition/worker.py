@@ -143,20 +143,28 @@ class Worker:
         if op == "reject":
             out = self.dataflow.run_reject(h["stream"], h["producer"], h["batch_id"], h["ts"], h["code"], h["reason"])
             return out.header(), []
+        if op == "fragment":
+            return self.dataflow.run_fragment(h, tables)
+        if op == "decide":
+            return self.dataflow.decide(h), []
         if op == "call":
             out, results = self.dataflow.run_call(h["procedure"], h["params"], h["ts"])
             return out.header(), results
         if op == "query":
             return {}, [eng.query(h["sql"], h["params"])]
+        if op == "gather":
+            return {"keys": [k for k, _ in h["reads"]]}, [eng.query(sql, {}) for _, sql in h["reads"]]
         if op == "read_stream":
             batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
             return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
         if op == "install":
-            eng.install(h["catalog"], h["ddl"])
+            eng.install(h["catalog"], h["ddl"], h.get("map"))
             return {}, []
         if op == "marks":
             eng.load_marks()
             return {"marks": eng.marks, "last_ts": eng.last_ts}, []
+        if op == "echo":  # bench ipc: the message path alone
+            return {}, tables
         if op == "status":
             return eng.status(), []
         raise Internal(f"unknown partition op {op!r}")

@@ -1,0 +1,259 @@
+"""Where rows live and where code runs, derived from the catalog (independent of the partition count).
+
+Tables:
+- `PARTITION BY (col)`: each row lives on the partition owning `bin(col)`;
+- `REPLICATED`: a full copy on every partition;
+- otherwise *single*: the rows live on partition 0 (the home partition).
+Streams are partitioned (`PARTITION BY`) or single the same way.
+
+Procedures (and the EE triggers their TEs fire):
+- *partitioned*: ON STREAM of a partitioned stream, or an OLTP procedure with
+  `PARTITION ON param`: a TE runs on the partition(s) owning its input's keys,
+  each over its own rows. It may touch partitioned and read replicated tables;
+  a single table or a write to a replicated one is refused at deploy.
+- *everywhere*: any other procedure that touches a partitioned table or writes a
+  replicated one: its TE runs on every partition. Each statement that writes
+  a replicated or partitioned table, or reads a partitioned one, runs on every
+  partition (emitted rows are the union of the partitions' rows); every other
+  statement runs on the home partition only, so it takes effect, and emits,
+  exactly once.
+- *single*: everything else runs on the home partition.
+
+A command is *local* when all its TEs run on one partition: `home` (all on
+partition 0) or `keyed` (on the partition owning the batch's keys, which the
+front checks per batch). Anything else is *coordinated* by the front, TE by
+TE, every TE committed on all its partitions or on none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError
+
+from streamtx.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from streamtx.server.catalog.catalog import Catalog
+
+PARTITIONED = "partitioned"
+REPLICATED = "replicated"
+SINGLE = "single"
+EVERYWHERE = "everywhere"
+
+HOME = "home"
+KEYED = "keyed"
+COORDINATED = "coordinated"
+
+
+@dataclass
+class Access:
+    reads: set[str] = field(default_factory=set)
+    writes: set[str] = field(default_factory=set)
+
+    def __ior__(self, other: Access) -> Access:
+        self.reads |= other.reads
+        self.writes |= other.writes
+        return self
+
+
+def statement_access(sql: str, tables: set[str]) -> Access:
+    """The user tables a statement reads and writes (by sqlglot's parse of the source)."""
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except ParseError:
+        return Access()
+    writes: set[str] = set()
+    target = None
+    if isinstance(tree, exp.Insert | exp.Update | exp.Delete):
+        target = tree.this
+        if isinstance(target, exp.Schema):
+            target = target.this
+        if isinstance(target, exp.Table) and not target.db and target.name in tables:
+            writes.add(target.name)
+    reads = {t.name for t in tree.find_all(exp.Table) if not t.db and t.name in tables and t is not target}
+    if isinstance(tree, exp.Update | exp.Delete) and writes:
+        reads |= writes  # their WHERE reads the target too
+    return Access(reads, writes)
+
+
+@dataclass
+class Placement:
+    tables: dict[str, str] = field(default_factory=dict)
+    streams: dict[str, str | None] = field(default_factory=dict)  # stream -> partition column (None: single)
+    procedures: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)  # partitioned procedure -> its key (column or parameter)
+    home_only: dict[str, frozenset[int]] = field(default_factory=dict)
+    """For everywhere procedures and triggers: statement indexes that run on the home partition only."""
+    owned_inserts: dict[str, dict[int, str]] = field(default_factory=dict)
+    """For everywhere units: INSERTs into partitioned tables, rewritten to keep only this partition's keys."""
+    push_mode: dict[str, str] = field(default_factory=dict)
+    call_mode: dict[str, str] = field(default_factory=dict)
+
+    def key_of_stream(self, stream: str) -> str | None:
+        return self.streams.get(stream)
+
+
+def derive(cat: Catalog) -> Placement:
+    """Computes the placement of a catalog; raises InvalidArgument for code that cannot be placed."""
+    pl = Placement()
+    for t in cat.tables.values():
+        pl.tables[t.name] = PARTITIONED if t.partition_by else (REPLICATED if t.replicated else SINGLE)
+    for s in cat.streams.values():
+        pl.streams[s.name] = s.partition_by
+    names = set(cat.tables)
+    stmt_access = {
+        name: [statement_access(c.source, names) for c in plan.statements]
+        for name, plan in [*cat.plans.items(), *((f"trigger {k}", v) for k, v in cat.trigger_plans.items())]
+    }
+
+    def fired_triggers(proc: str) -> set[str]:
+        out: set[str] = set()
+        for w in cat.owned_windows(proc):
+            out |= set(cat.triggers_on("window", w))
+        for s in cat.emitted_by(proc):
+            out |= set(cat.triggers_on("stream", s))
+        return out
+
+    def access_of(units: list[str]) -> Access:
+        acc = Access()
+        for u in units:
+            for a in stmt_access.get(u, []):
+                acc |= a
+        return acc
+
+    for proc in cat.procedures.values():
+        if proc.on_stream is not None and pl.streams.get(proc.on_stream):
+            base, key = PARTITIONED, pl.streams[proc.on_stream]
+        elif proc.on_stream is None and proc.partition_on is not None:
+            base, key = PARTITIONED, proc.partition_on
+        else:
+            base, key = SINGLE, None
+        triggers = sorted(fired_triggers(proc.name))
+        acc = access_of([proc.name, *(f"trigger {t}" for t in triggers)])
+        if base == PARTITIONED:
+            assert key is not None
+            pl.keys[proc.name] = key
+            how = f"ON STREAM {proc.on_stream} (PARTITION BY {key})" if proc.on_stream else f"PARTITION ON {key}"
+            for t in sorted(acc.reads | acc.writes):
+                if pl.tables[t] == SINGLE:
+                    raise InvalidArgument(
+                        f"deploy: procedure {proc.name!r} runs {how} on the partition of its keys, but table {t!r} "
+                        f"lives on one partition; declare {t!r} REPLICATED or PARTITION BY a column"
+                    )
+            for t in sorted(acc.writes):
+                if pl.tables[t] == REPLICATED:
+                    raise InvalidArgument(
+                        f"deploy: procedure {proc.name!r} runs {how} on the partition of its keys, but writes "
+                        f"replicated table {t!r}, whose writes must run on every partition; write it from a "
+                        "procedure that is not partitioned"
+                    )
+            pl.procedures[proc.name] = PARTITIONED
+            continue
+        spans = any(pl.tables[t] == PARTITIONED for t in acc.reads | acc.writes) or any(
+            pl.tables[t] == REPLICATED for t in acc.writes
+        )
+        pl.procedures[proc.name] = EVERYWHERE if spans else SINGLE
+        if spans:
+            for unit in [proc.name, *(f"trigger {t}" for t in triggers)]:
+                pl.home_only[unit] = frozenset(
+                    i for i, a in enumerate(stmt_access.get(unit, [])) if not _spans(a, pl.tables)
+                )
+                plan = cat.plans.get(unit) or cat.trigger_plans[unit.split(" ", 1)[1]]
+                rewrites = {}
+                for i, compiled in enumerate(plan.statements):
+                    sql = owned_insert(compiled.source, cat)
+                    if sql is not None:
+                        rewrites[i] = sql
+                if rewrites:
+                    pl.owned_inserts[unit] = rewrites
+    for trig in cat.triggers.values():
+        if trig.target_kind == "stream" and pl.streams.get(trig.target) and cat.is_border(trig.target):
+            for t in sorted(access_of([f"trigger {trig.name}"]).reads | access_of([f"trigger {trig.name}"]).writes):
+                if pl.tables[t] == SINGLE:
+                    raise InvalidArgument(
+                        f"deploy: trigger {trig.name!r} fires on partitioned stream {trig.target!r} on the "
+                        f"partition of each batch's keys, but table {t!r} lives on one partition; declare it "
+                        "REPLICATED or PARTITION BY a column"
+                    )
+    for s in cat.streams:
+        pl.push_mode[s] = _mode(cat, pl, [(s, pl.streams[s])], pl.streams[s] is not None)
+    for proc in cat.procedures.values():
+        if proc.on_stream is not None:
+            continue
+        keyed = pl.procedures[proc.name] == PARTITIONED
+        if pl.procedures[proc.name] == EVERYWHERE:
+            pl.call_mode[proc.name] = COORDINATED
+            continue
+        key = pl.keys.get(proc.name)
+        outs = [(t, key) for t in sorted(cat.emitted_by(proc.name))]
+        pl.call_mode[proc.name] = _mode(cat, pl, outs, keyed)
+    return pl
+
+
+def owner_filter(key_type: str) -> str:
+    """The SQL function a partition registers: true for keys it owns (see Engine)."""
+    return "streamtx_mine_" + key_type.lower().replace(" ", "_")
+
+
+def owned_insert(sql: str, cat: Catalog) -> str | None:
+    """`INSERT INTO t ... <rows>` of a partitioned t as `INSERT INTO t ... SELECT * FROM (<rows>) WHERE mine(key)`.
+
+    An everywhere TE runs such an INSERT on every partition; each must keep
+    only the rows whose key it owns, or every partition would hold them all.
+    """
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except ParseError:
+        return None
+    if not isinstance(tree, exp.Insert) or tree.expression is None:
+        return None
+    target = tree.this
+    listed = None
+    if isinstance(target, exp.Schema):
+        listed = [c.name for c in target.expressions]
+        target = target.this
+    if not isinstance(target, exp.Table) or target.db or target.name not in cat.tables:
+        return None
+    table = cat.tables[target.name]
+    if not table.partition_by:
+        return None
+    names = listed or cat.table_columns[table.name]
+    if table.partition_by not in names:
+        return None
+    aliases = [exp.to_identifier(f"c{i}") for i in range(len(names))]
+    key = f"__rows.c{names.index(table.partition_by)}"
+    rows = exp.Subquery(this=tree.expression, alias=exp.TableAlias(this=exp.to_identifier("__rows"), columns=aliases))
+    mine = f"{owner_filter(cat.table_key_types[table.name])}({key})"
+    tree.set("expression", exp.select("*").from_(rows).where(mine))
+    return tree.sql(dialect="duckdb")
+
+
+def _spans(a: Access, tables: dict[str, str]) -> bool:
+    return any(tables[t] == PARTITIONED for t in a.reads | a.writes) or any(tables[t] == REPLICATED for t in a.writes)
+
+
+def _mode(cat: Catalog, pl: Placement, start: list[tuple[str, str | None]], keyed: bool) -> str:
+    """HOME, KEYED or COORDINATED for a command whose first outputs are `start` (stream, key it carries)."""
+    seen: set[str] = set()
+    todo = list(start)
+    while todo:
+        stream, key = todo.pop()
+        for q in cat.consumers.get(stream, []):
+            kind = pl.procedures[q]
+            if kind == EVERYWHERE:
+                return COORDINATED
+            if keyed:
+                if kind != PARTITIONED or pl.streams.get(stream) is None or pl.streams[stream] != key:
+                    return COORDINATED
+            elif kind != SINGLE:
+                return COORDINATED
+            if q in seen:
+                continue
+            seen.add(q)
+            for t in sorted(cat.emitted_by(q)):
+                todo.append((t, pl.keys.get(q)))
+    return KEYED if keyed else HOME

@@ -1,0 +1,320 @@
+"""Coordinated commands: TEs that span partitions, run TE by TE from the front.
+
+A command is coordinated when its TEs do not all run on one partition (a
+batch whose keys fall on several partitions, a stream that feeds a procedure
+placed elsewhere, a procedure that runs everywhere). The coordinator plays the
+partition scheduler's part across partitions: it takes the ready TEs in a
+topological order of the graph, sends each TE's fragments (its input rows
+routed by key, or all of them to every partition) to the partitions it runs
+on, and, once every fragment answered, commits it on all of them or, if one
+aborted, undoes it on all of them (two-phase commit; the partitions wait with
+the transaction open, and the gate keeps everything else away meanwhile).
+Output tuples come back here and are routed to the consumers' partitions,
+so the TEs of batch b downstream start only after all of b's upstream
+fragments committed. Outcomes are the ones one partition would give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from streamtx.errors import error_for
+from streamtx.server.catalog.placement import EVERYWHERE, PARTITIONED, SINGLE
+from streamtx.server.front.partitions import checked
+
+if TYPE_CHECKING:
+    from streamtx.server.front.front import Front
+
+HOME = 0
+
+
+@dataclass
+class Unit:
+    """TEs taken together: the entry TEs of a batch (every consumer of its stream), or one downstream TE."""
+
+    procedures: list[str]
+    stream: str | None
+    rows: pa.Table | None
+    entry: bool = False
+    group: str | None = None
+    origin_group: str | None = None
+
+
+@dataclass
+class _State:
+    outcome: dict[str, Any]
+    pending: list[Unit] = field(default_factory=list)
+    group: str | None = None  # the open transaction group
+    group_parts: set[int] = field(default_factory=set)
+    group_mark: list[Any] | None = None
+    emitted: set[str] = field(default_factory=set)
+    results: list[pa.Table] = field(default_factory=list)
+
+
+class Coordinator:
+    def __init__(self, front: Front) -> None:
+        self.front = front
+
+    # ------------------------------------------------------------ commands
+    async def push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> dict[str, Any]:
+        cat = self.front.catalog
+        consumers = cat.consumers.get(stream, [])
+        groups = {g for g in map(cat.group_of, consumers) if g is not None}
+        entry = Unit(list(consumers), stream, table, entry=True, group=groups.pop() if groups else None)
+        st = _State(_outcome("committed", ts))
+        push = {"producer": producer, "stream": stream, "batch_id": batch_id}
+        await self._execute(st, [entry], ts, push=push, mark=[producer, stream, batch_id])
+        self.front.counters[st.outcome["outcome"]] += 1
+        self.front.counters["coordinated"] += 1
+        for s in st.emitted:
+            self.front.notify(s)
+        return st.outcome
+
+    async def call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[dict[str, Any], list[pa.Table]]:
+        unit = Unit([procedure], None, None, group=self.front.catalog.group_of(procedure))
+        st = _State(_outcome("committed", ts))
+        await self._execute(st, [unit], ts, params=params)
+        if "error" in st.outcome:
+            code, reason = st.outcome["error"]
+            raise error_for(code, reason)
+        self.front.counters["coordinated"] += 1
+        for s in st.emitted:
+            self.front.notify(s)
+        return st.outcome, st.results
+
+    # ----------------------------------------------------------- execution
+    async def _execute(
+        self,
+        st: _State,
+        pending: list[Unit],
+        ts: int,
+        push: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        mark: list[Any] | None = None,
+    ) -> None:
+        try:
+            await self._run_units(st, pending, ts, push, params, mark)
+        except BaseException:
+            await self._undo_everywhere(ts)
+            raise
+        st.outcome["emitted"] = sorted(st.emitted)
+
+    async def _undo_everywhere(self, ts: int) -> None:
+        """After a failure mid-command (a partition died): no partition may keep a transaction open."""
+        header = {"op": "decide", "commit": False, "ts": ts}
+        live = [p for p in self.front.partitions.all if p.alive]
+        await asyncio.gather(*(p.send(header) for p in live), return_exceptions=True)
+
+    async def _run_units(
+        self,
+        st: _State,
+        pending: list[Unit],
+        ts: int,
+        push: dict[str, Any] | None,
+        params: dict[str, Any] | None,
+        mark: list[Any] | None,
+    ) -> None:
+        st.pending = pending
+        while st.pending:
+            unit = self._next(st)
+            if st.group is not None and unit.group != st.group:
+                await self._decide(st.group_parts, True, ts, st.group_mark)
+                st.group, st.group_parts, st.group_mark = None, set(), None
+            fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
+            unit_mark = mark if unit.entry else None
+            alone = len(fragments) == 1 and unit.group is None and st.group is None
+            if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
+                header = next(iter(fragments.values()))[0]
+                header["autocommit"] = {"mark": unit_mark}
+            replies = await asyncio.gather(*(self.front.partitions[p].request(h, t) for p, (h, t) in fragments.items()))
+            parts = set(fragments)
+            if unit.entry and push is not None and any("duplicate" in r[0] for r in replies):
+                await self._decide(parts | st.group_parts, False, ts)
+                st.outcome = _duplicate([r[0]["duplicate"] for r in replies if "duplicate" in r[0]])
+                return
+            aborted = [r[0] for r in replies if r[0].get("aborted")]
+            if aborted:
+                first = aborted[0]
+                await self._abort(st, unit, parts, ts, first["code"], first["reason"], push)
+                if unit.entry or unit.stream is None:
+                    return
+                continue
+            if unit.group is not None:
+                st.group = unit.group
+                st.group_parts |= parts
+                st.group_mark = st.group_mark or unit_mark
+            elif not alone:
+                await self._decide(parts, True, ts, unit_mark)
+            self._collect(st, unit, replies)
+        if st.group is not None:
+            await self._decide(st.group_parts, True, ts, st.group_mark)
+            st.group = None
+
+    def _next(self, st: _State) -> Unit:
+        """The ready unit to run next: a member of the open group first, else by topological rank."""
+        rank = self.front.catalog.topo_rank
+        pool = [u for u in st.pending if st.group is not None and u.group == st.group] or st.pending
+        best = min(pool, key=lambda u: (not u.entry, min((rank.get(p, -1) for p in u.procedures), default=-1)))
+        st.pending.remove(best)
+        return best
+
+    def _collect(self, st: _State, unit: Unit, replies: list[tuple[dict[str, Any], list[pa.Table]]]) -> None:
+        """A unit committed (or joined the open group): its outputs become the next units' inputs."""
+        cat = self.front.catalog
+        outputs: dict[str, list[pa.Table]] = {}
+        results: dict[int, list[pa.Table]] = {}
+        for header, tables in replies:
+            streams = header["emitted"]
+            for s, t in zip(streams, tables[: len(streams)], strict=True):
+                outputs.setdefault(s, []).append(t)
+            st.emitted |= set(header["stored"])
+            if unit.stream is None:
+                for i, t in zip(header["result_ids"], tables[len(streams) :], strict=True):
+                    results.setdefault(i, []).append(t)
+        st.results += [_merge(results[i]) for i in sorted(results)]
+        st.outcome["tes"] += len(unit.procedures) or 1
+        for stream in sorted(outputs):
+            rows = _merge(outputs[stream])
+            for proc in cat.consumers.get(stream, []):
+                st.pending.append(Unit([proc], stream, rows, group=cat.group_of(proc), origin_group=unit.group))
+
+    async def _abort(
+        self,
+        st: _State,
+        unit: Unit,
+        parts: set[int],
+        ts: int,
+        code: int,
+        reason: str,
+        push: dict[str, Any] | None,
+    ) -> None:
+        group = st.group if st.group is not None else unit.group
+        if group is not None:
+            reason = f"transaction group {group} undone: {reason}"
+        undone_entry = unit.entry or (st.group is not None and st.group_mark is not None)
+        involved = parts | st.group_parts
+        rejection = None
+        if undone_entry and push is not None:
+            rejection = [push["producer"], push["stream"], push["batch_id"], code, reason]
+        await self._decide(involved, False, ts, rejection=rejection)
+        st.group, st.group_parts, st.group_mark = None, set(), None
+        if group is not None:
+            st.pending = [u for u in st.pending if u.origin_group != group]
+        if undone_entry and push is not None:
+            st.outcome = _outcome("rejected", ts, code, reason)
+            st.emitted = set()
+            st.pending = []
+            return
+        if unit.stream is None:
+            st.outcome["error"] = (code, reason)
+            st.pending = []
+            return
+        self.front.counters["tes_aborted"] += 1
+        st.outcome["aborted_tes"].append(f"{unit.procedures[0]}: {reason}")
+
+    async def _decide(
+        self,
+        parts: set[int],
+        commit: bool,
+        ts: int,
+        mark: list[Any] | None = None,
+        rejection: list[Any] | None = None,
+    ) -> None:
+        header = {"op": "decide", "commit": commit, "ts": ts, "mark": mark, "rejection": rejection}
+        replies = await asyncio.gather(*(self.front.partitions[p].send(header) for p in sorted(parts)))
+        for r in replies:
+            checked(r)
+
+    # ------------------------------------------------------------- routing
+    def _place(
+        self,
+        unit: Unit,
+        ts: int,
+        push: dict[str, Any] | None,
+        params: dict[str, Any] | None,
+    ) -> dict[int, tuple[dict[str, Any], list[pa.Table]]]:
+        """Each partition's fragment of the unit: its TE specs and their input rows."""
+        front = self.front
+        pl = front.catalog.placement
+        every = range(len(front.partitions))
+        specs: dict[int, list[tuple[dict[str, Any], pa.Table | None]]] = {}
+
+        def add(p: int, procedure: str | None, rows: pa.Table | None, border: bool) -> None:
+            spec = {"procedure": procedure, "stream": unit.stream, "border": border, "entry": unit.entry}
+            specs.setdefault(p, []).append((spec, rows))
+
+        if unit.stream is not None:
+            assert unit.rows is not None
+            key = pl.streams.get(unit.stream)
+            by_key = front.map.split(unit.rows, key) if key is not None and unit.rows.num_rows else {HOME: unit.rows}
+            if unit.entry:
+                for p, part in by_key.items():
+                    add(p, None, part, True)
+            for proc in unit.procedures:
+                kind = pl.procedures[proc]
+                if kind == PARTITIONED:
+                    for p, part in by_key.items():
+                        add(p, proc, part, False)
+                elif kind == EVERYWHERE:
+                    for p in every:
+                        add(p, proc, unit.rows, False)
+                else:
+                    add(HOME, proc, unit.rows, False)
+        else:
+            proc = unit.procedures[0]
+            kind = pl.procedures[proc]
+            if kind == PARTITIONED:
+                targets = [front.call_owner(proc, params or {})]
+            elif kind == SINGLE:
+                targets = [HOME]
+            else:
+                targets = list(every)
+            for p in targets:
+                add(p, proc, None, False)
+        out = {}
+        for p, items in sorted(specs.items()):
+            header: dict[str, Any] = {"op": "fragment", "ts": ts, "tes": [s for s, _ in items]}
+            if push is not None:
+                header["push"] = push
+            if params is not None:
+                header["params"] = params
+            tables = [t if t is not None else pa.table({}) for _, t in items]
+            out[p] = (header, tables)
+        return out
+
+
+def _merge(parts: list[pa.Table]) -> pa.Table:
+    """Rows of one batch (or one statement's result) from several partitions, in a deterministic order.
+
+    Tuples of one batch form a set; on one partition they keep the order they
+    were emitted in, and across partitions the order of their columns (first
+    to last) is the one that makes the result independent of the partition
+    count, e.g. for a ROWS window, which takes tuples in order.
+    """
+    if len(parts) == 1:
+        return parts[0]
+    rows = pa.concat_tables(parts)
+    return rows.sort_by([(c, "ascending") for c in rows.column_names])
+
+
+def _outcome(outcome: str, ts: int, code: int = 0, reason: str = "") -> dict[str, Any]:
+    return {
+        "outcome": outcome,
+        "ts": ts,
+        "code": code,
+        "reason": reason,
+        "original": "",
+        "emitted": [],
+        "tes": 0,
+        "aborted_tes": [],
+    }
+
+
+def _duplicate(originals: list[dict[str, Any]]) -> dict[str, Any]:
+    """A re-sent batch: the original's outcome (rejected if any partition recorded it rejected)."""
+    rejected = [o for o in originals if o.get("original") == "rejected"]
+    return (rejected or originals)[0]

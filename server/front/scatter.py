@@ -1,0 +1,111 @@
+"""Reads that span partitions: Query by scatter/gather, and stream reads merged by batch id.
+
+A query that touches no partitioned table is answered by the home partition
+(single tables live there, replicated ones everywhere). Otherwise each
+partitioned table it names is gathered from every partition, the others from
+the home partition, at one cut of the command order, and DuckDB runs the
+query over them on the front: any SQL keeps its meaning (COUNT, SUM, AVG,
+ORDER BY ... LIMIT, joins), with no hand-written merging. Filters the query
+puts on a lone partitioned table are pushed down to the partitions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import sqlglot
+from sqlglot import exp
+
+from streamtx.errors import InvalidArgument
+from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+from streamtx.server.catalog.placement import PARTITIONED
+from streamtx.server.front.partitions import Reply
+
+if TYPE_CHECKING:
+    from streamtx.server.front.front import Front
+
+HOME = 0
+
+
+async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
+    spread = _partitioned_relations(front, sql) if len(front.partitions) > 1 else []
+    if not spread:
+        _, tables = await front.ask(HOME, {"op": "query", "sql": sql, "params": params})
+        return tables[0]
+    relations = _relations(sql)
+    reads = {}
+    for schema, name in relations:
+        qualified = f"{quote(schema)}.{quote(name)}" if schema else quote(name)
+        reads[(schema, name)] = f"SELECT * FROM {qualified}"
+    spread_set = set(spread)
+    every = await front.ask_all({"op": "gather", "reads": [[list(k), v] for k, v in reads.items() if k in spread_set]})
+    home_reads = [[list(k), v] for k, v in reads.items() if k not in spread_set]
+    home = await front.ask(HOME, {"op": "gather", "reads": home_reads}) if home_reads else ({}, [])
+    con = duckdb.connect(config={"enable_external_access": False})
+    try:
+        gathered: dict[tuple[str, str], list[pa.Table]] = {}
+        for header, tables in [*every, home]:
+            for key, table in zip(header.get("keys", []), tables, strict=True):
+                gathered.setdefault(tuple(key), []).append(table)
+        for (schema, name), parts in gathered.items():
+            table = pa.concat_tables(parts)
+            handle = f"__gathered_{schema}_{name}"
+            con.register(handle, table)
+            if schema:
+                con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote(schema)}")
+                con.execute(f"CREATE VIEW {quote(schema)}.{quote(name)} AS SELECT * FROM {quote(handle)}")
+            else:
+                con.execute(f"CREATE VIEW {quote(name)} AS SELECT * FROM {quote(handle)}")
+        try:
+            return con.sql(sql, params=params).to_arrow_table()
+        except duckdb.Error as e:
+            raise InvalidArgument(f"query: {e}") from None
+    finally:
+        con.close()
+
+
+def _relations(sql: str) -> list[tuple[str, str]]:
+    try:
+        tree = sqlglot.parse_one(sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return []
+    ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}
+    out = []
+    for t in tree.find_all(exp.Table):
+        key = (t.db or "", t.name)
+        if not t.db and t.name in ctes:
+            continue
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def _partitioned_relations(front: Front, sql: str) -> list[tuple[str, str]]:
+    """Relations of the query whose rows are spread over partitions: partitioned tables and stored streams."""
+    pl = front.catalog.placement
+    out = []
+    for schema, name in _relations(sql):
+        stored_stream = schema in ("", STREAM_SCHEMA) and name in pl.streams
+        if (not schema and pl.tables.get(name) == PARTITIONED) or stored_stream:
+            out.append((schema, name))
+    return out
+
+
+def merge_stream_reads(replies: list[Reply], max_batches: int) -> list[tuple[int, pa.Table]]:
+    """Batches of a stored stream from every partition, merged by batch id, without gaps.
+
+    A partition that returned `max_batches` batches may hold more beyond its
+    last one, so the merge stops there: a later read resumes after it.
+    """
+    by_id: dict[int, list[pa.Table]] = {}
+    cut = None
+    for header, tables in replies:
+        ids = header["batch_ids"]
+        for b, t in zip(ids, tables, strict=True):
+            by_id.setdefault(b, []).append(t)
+        if len(ids) >= max_batches:
+            cut = ids[-1] if cut is None else min(cut, ids[-1])
+    keep = sorted(b for b in by_id if cut is None or b <= cut)[:max_batches]
+    return [(b, pa.concat_tables(by_id[b])) for b in keep]

@@ -1,0 +1,138 @@
+"""Keys to bins to partitions: the one hash both the front and the workers use.
+
+A partitioned table or stream names one partition column. A row's bin is
+`hash(key) mod B`; the partition map says which partition owns each bin.
+The hash is defined here, in NumPy over Arrow buffers, so that it is the
+same in every process and every library version (DuckDB's `hash()` is only
+stable within one DuckDB release), and costs microseconds per batch, not
+per row: integer-like keys (integers, dates, timestamps) are mixed with the
+SplitMix64 finalizer; strings hash as the FNV-1a of their UTF-8 bytes,
+computed once per distinct value.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from streamtx.errors import InvalidArgument
+from streamtx.files import atomic_write
+
+MAP_FILE = "partition_map.json"
+INTEGER_LIKE_TYPES = ("INTEGER", "BIGINT", "SMALLINT", "TINYINT", "UINTEGER", "UBIGINT", "USMALLINT", "UTINYINT")
+KEY_TYPES = (*INTEGER_LIKE_TYPES, "VARCHAR", "DATE", "TIMESTAMP")
+"""Column types a table or stream may be partitioned by (as DuckDB spells them)."""
+
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: every input bit affects every output bit."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= _M1
+        x ^= x >> np.uint64(27)
+        x *= _M2
+        x ^= x >> np.uint64(31)
+    return x
+
+
+def _fnv1a(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def key_hashes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """A uint64 hash per key; NULL keys hash like 0 (they go to one fixed bin)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+    t = values.type
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        encoded = pc.dictionary_encode(values)
+        uniques = encoded.dictionary.to_pylist()
+        table = np.array([_fnv1a(u.encode()) for u in uniques] + [0], dtype=np.uint64)
+        idx = encoded.indices.fill_null(len(uniques)).to_numpy(zero_copy_only=False)
+        return _mix64(table[idx])
+    if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
+        as_int = values.cast(pa.int64()) if not pa.types.is_int64(t) else values
+        ints = as_int.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        return _mix64(ints.view(np.uint64))
+    raise InvalidArgument(f"cannot partition by a column of type {t}; partition keys are integers, strings or dates")
+
+
+def scalar_hash(value: object, arrow_type: pa.DataType) -> int:
+    """The hash of one key (a call's partitioning parameter), equal to `key_hashes` of it."""
+    return int(key_hashes(pa.array([value], type=arrow_type))[0])
+
+
+@dataclass(frozen=True)
+class PartitionMap:
+    """Which partition owns each bin. Part of the durable state of the server (MAP_FILE).
+
+    Bins are assigned round-robin at creation; rebalancing (moving bins) is
+    the only thing that may change `owner` later.
+    """
+
+    bins: int
+    owner: tuple[int, ...]
+
+    @property
+    def partitions(self) -> int:
+        return max(self.owner) + 1 if self.owner else 1
+
+    @classmethod
+    def round_robin(cls, partitions: int, bins: int) -> PartitionMap:
+        if partitions < 1:
+            raise ValueError("partitions must be at least 1")
+        if bins < partitions:
+            raise ValueError(f"bins ({bins}) must be at least the number of partitions ({partitions})")
+        return cls(bins, tuple(b % partitions for b in range(bins)))
+
+    def owners(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The owning partition of each key."""
+        bins = key_hashes(values) % np.uint64(self.bins)
+        return np.asarray(self.owner, dtype=np.int32)[bins.astype(np.int64)]
+
+    def owner_of(self, value: object, arrow_type: pa.DataType) -> int:
+        return self.owner[scalar_hash(value, arrow_type) % self.bins]
+
+    def split(self, table: pa.Table, column: str) -> dict[int, pa.Table]:
+        """The rows of `table` per owning partition, each slice in the table's row order."""
+        owners = self.owners(table.column(column))
+        present = np.unique(owners)
+        if len(present) == 1:
+            return {int(present[0]): table}
+        return {int(p): table.filter(pa.array(owners == p)) for p in present}
+
+    def to_json(self) -> str:
+        return json.dumps({"bins": self.bins, "owner": list(self.owner)})
+
+    @classmethod
+    def from_json(cls, text: str) -> PartitionMap:
+        data = json.loads(text)
+        return cls(int(data["bins"]), tuple(int(o) for o in data["owner"]))
+
+    @classmethod
+    def load_or_create(cls, data_dir: Path, partitions: int, bins: int) -> PartitionMap:
+        """The map in the data directory if it fits this server, else a new one, saved.
+
+        A map for another partition count is replaced: partition state lives in
+        memory until durability arrives, so nothing is stranded by re-mapping.
+        """
+        path = data_dir / MAP_FILE
+        if path.exists():
+            found = cls.from_json(path.read_text())
+            if found.bins == bins and found.partitions == partitions:
+                return found
+        made = cls.round_robin(partitions, bins)
+        atomic_write(path, made.to_json())
+        return made

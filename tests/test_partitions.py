@@ -1,0 +1,267 @@
+"""Partitioned execution: routing by key, replicated tables, multi-partition TEs, scatter/gather, exchange.
+
+Every test runs a real server with P worker processes. Where rows live is
+checked through Status (`partition<i>.rows.<table>`) against the partition map
+the server uses (round-robin bins), and results against plain Python.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import duckdb
+import grpc
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamtx.client import Client
+from streamtx.errors import InvalidArgument, Unavailable
+from streamtx.server.embedded import EmbeddedServer
+from streamtx.server.partitioning import PartitionMap
+
+pytestmark = pytest.mark.timeout(300)
+
+ACCOUNTS = """
+CREATE TABLE fees (kind VARCHAR PRIMARY KEY, fee BIGINT NOT NULL) REPLICATED;
+CREATE TABLE balances (account BIGINT PRIMARY KEY, balance BIGINT NOT NULL CHECK (balance >= 0))
+    PARTITION BY (account);
+CREATE TABLE audit (account BIGINT, amount BIGINT, b BIGINT);
+CREATE STREAM deposits (account BIGINT, amount BIGINT) PARTITION BY (account);
+CREATE STREAM applied (account BIGINT, amount BIGINT);
+CREATE PROCEDURE set_fee (kind VARCHAR, fee BIGINT) AS BEGIN
+    INSERT OR REPLACE INTO fees VALUES ($kind, $fee);
+END;
+CREATE PROCEDURE deposit ON STREAM deposits AS BEGIN
+    INSERT INTO balances
+        SELECT account, sum(amount) - (SELECT fee FROM fees WHERE kind = 'deposit') * count(*)
+        FROM deposits GROUP BY account
+        ON CONFLICT DO UPDATE SET balance = balances.balance + excluded.balance;
+    INSERT INTO applied SELECT account, amount FROM deposits;
+END;
+CREATE PROCEDURE record ON STREAM applied AS BEGIN
+    INSERT INTO audit SELECT account, amount, $batch_id FROM applied;
+END;
+CREATE PROCEDURE open_account (account BIGINT) PARTITION ON account AS BEGIN
+    INSERT INTO balances VALUES ($account, 0);
+END;
+"""
+
+
+def owners(partitions: int, keys: list[int]) -> list[int]:
+    return PartitionMap.round_robin(partitions, 1024).owners(pa.array(keys, pa.int64())).tolist()
+
+
+def keys_on(partitions: int, partition: int, n: int, start: int = 1) -> list[int]:
+    """`n` account numbers owned by `partition`."""
+    out, k = [], start
+    while len(out) < n:
+        if owners(partitions, [k])[0] == partition:
+            out.append(k)
+        k += 1
+    return out
+
+
+def table_rows(client: Client, table: str, partitions: int) -> list[int]:
+    counters = client.status()["counters"]
+    return [int(counters.get(f"partition{p}.rows.{table}", 0)) for p in range(partitions)]
+
+
+def deposits(rows: list[tuple[int, int]]) -> pa.Table:
+    return pa.table({"account": [a for a, _ in rows], "amount": [m for _, m in rows]}, schema=DEPOSIT_SCHEMA)
+
+
+DEPOSIT_SCHEMA = pa.schema([("account", pa.int64()), ("amount", pa.int64())])
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["P2", "P4"])
+def cluster(request, tmp_path_factory):
+    with EmbeddedServer(tmp_path_factory.mktemp("parts"), partitions=request.param) as srv:
+        yield srv, request.param
+
+
+@pytest.fixture
+def bank(cluster):
+    """The accounts app, freshly deployed (previous test's objects dropped)."""
+    srv, partitions = cluster
+    with Client(srv.target) as c:
+        status = c.status()
+        drops = [
+            f"DROP {kind.upper()} {name};"
+            for kind in ("procedure", "stream", "table")
+            for name in status.get(kind + "s", [])
+        ]
+        if drops:
+            c.deploy("\n".join(drops))
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        yield c, partitions
+
+
+def test_keyed_batches_run_on_the_partition_owning_their_keys(bank):
+    c, partitions = bank
+    accounts = [k for p in range(partitions) for k in keys_on(partitions, p, 5, start=100 * p + 1)]
+    for account in accounts:
+        assert c.push("deposits", deposits([(account, 10)])).result().ok
+    expected = [0] * partitions
+    for p in owners(partitions, accounts):
+        expected[p] += 1
+    assert table_rows(c, "balances", partitions) == expected
+    assert c.query("SELECT count(*), sum(balance) FROM balances").fetchall() == [(len(accounts), 10 * len(accounts))]
+    # audit is a single table: every row on the home partition
+    assert table_rows(c, "audit", partitions) == [len(accounts)] + [0] * (partitions - 1)
+
+
+def test_a_batch_spanning_partitions_commits_on_all_or_none(bank):
+    c, partitions = bank
+    a, b = keys_on(partitions, 0, 1)[0], keys_on(partitions, 1, 1)[0]
+    assert c.push("deposits", deposits([(a, 5), (b, 7)])).result().ok
+    # b would go negative on partition 1: the CHECK aborts the TE there, and partition 0's part is undone too
+    bad = c.push("deposits", deposits([(a, 100), (b, -50)])).result()
+    assert bad.outcome == "rejected" and "balance" in bad.reason
+    assert c.query("SELECT account, balance FROM balances ORDER BY 1").fetchall() == sorted([(a, 5), (b, 7)])
+    assert c.query("SELECT count(*) FROM audit").fetchall() == [(2,)]
+
+
+def test_replicated_table_written_everywhere_read_by_every_partition(bank):
+    c, partitions = bank
+    c.call("set_fee", kind="deposit", fee=1)
+    accounts = [keys_on(partitions, p, 1)[0] for p in range(partitions)]
+    assert c.push("deposits", deposits([(k, 10) for k in accounts])).result().ok
+    assert c.query("SELECT DISTINCT balance FROM balances").fetchall() == [(9,)]
+    assert table_rows(c, "fees", partitions) == [1] * partitions
+
+
+def test_scatter_gather_queries_aggregate_across_partitions(bank):
+    c, partitions = bank
+    rows = [(k, (k * 37) % 101) for k in range(1, 200)]
+    for i in range(0, len(rows), 25):
+        assert c.push("deposits", deposits(rows[i : i + 25])).result().ok
+    assert min(table_rows(c, "balances", partitions)) > 0
+    oracle = duckdb.connect()
+    oracle.register("balances", pa.table({"account": [k for k, _ in rows], "balance": [m for _, m in rows]}))
+    oracle.register("audit", pa.table({"account": [k for k, _ in rows], "amount": [m for _, m in rows]}))
+    queries = [
+        "SELECT count(*), sum(balance), avg(balance) FROM balances",
+        "SELECT account, balance FROM balances ORDER BY balance DESC, account LIMIT 7",
+        "SELECT balance % 3 AS g, count(*), min(balance), max(balance) FROM balances GROUP BY g ORDER BY g",
+        "SELECT count(*) FROM balances b JOIN audit a ON a.account = b.account WHERE b.balance > 50",
+        "WITH big AS (SELECT * FROM balances WHERE balance > 90) SELECT count(*) FROM big",
+    ]
+    for sql in queries:
+        assert c.query(sql).fetchall() == oracle.execute(sql).fetchall(), sql
+
+
+def test_exchange_to_a_single_procedure_keeps_batch_order_and_exactly_once(bank):
+    c, partitions = bank
+    batches = []
+    for i in range(12):
+        keys = keys_on(partitions, i % partitions, 2, start=1000 * i + 1) + keys_on(
+            partitions, (i + 1) % partitions, 1, start=1000 * i + 1
+        )
+        batches.append(deposits([(k, i + 1) for k in keys]))
+    results = [f.result() for f in [c.push("deposits", b) for b in batches]]
+    assert all(r.ok for r in results)
+    audit = c.query("SELECT b, count(*), min(amount), max(amount) FROM audit GROUP BY b ORDER BY b").fetchall()
+    assert [n for _, n, _, _ in audit] == [3] * 12
+    assert [lo for _, _, lo, _ in audit] == list(range(1, 13))  # batch order: the i-th batch deposits i+1
+
+
+def test_keyed_call_runs_on_the_owner_of_its_parameter(bank):
+    c, partitions = bank
+    for p in range(partitions):
+        c.call("open_account", account=keys_on(partitions, p, 1, start=5000)[0])
+    assert table_rows(c, "balances", partitions) == [1] * partitions
+
+
+def test_resent_coordinated_batch_is_a_duplicate_with_its_original_outcome(bank):
+    c, partitions = bank
+    a, b = keys_on(partitions, 0, 1)[0], keys_on(partitions, 1, 1)[0]
+    with Client(c.target, producer_id="resender") as p:
+        ok = p.push("deposits", deposits([(a, 1), (b, 1)]), batch_id=1).result()
+        bad = p.push("deposits", deposits([(a, 1), (b, -9)]), batch_id=2).result()
+        assert ok.outcome == "committed" and bad.outcome == "rejected"
+        again_ok = p.push("deposits", deposits([(a, 1), (b, 1)]), batch_id=1).result()
+        again_bad = p.push("deposits", deposits([(a, 1), (b, -9)]), batch_id=2).result()
+    assert again_ok.outcome == "duplicate" and again_bad.outcome == "duplicate"
+    assert again_bad.original == "rejected" and "balance" in again_bad.reason
+    assert c.query("SELECT sum(balance) FROM balances").fetchall() == [(2,)]
+
+
+def test_deploy_refuses_partitioned_code_on_single_or_written_replicated_tables(bank):
+    c, _ = bank
+    with pytest.raises(InvalidArgument, match="lives on one partition; declare 'audit' REPLICATED"):
+        c.deploy(
+            "CREATE STREAM s2 (account BIGINT) PARTITION BY (account);"
+            "CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN INSERT INTO audit SELECT account, 0, 0 FROM s2; END;"
+        )
+    with pytest.raises(InvalidArgument, match="writes replicated table 'fees'"):
+        c.deploy(
+            "CREATE STREAM s3 (account BIGINT) PARTITION BY (account);"
+            "CREATE PROCEDURE p3 ON STREAM s3 AS BEGIN INSERT OR REPLACE INTO fees SELECT 'x', 1 FROM s3; END;"
+        )
+
+
+def test_a_keyed_procedure_may_not_emit_keys_of_another_partition_locally(cluster):
+    srv, partitions = cluster
+    with Client(srv.target) as c:
+        c.deploy(
+            "CREATE TABLE hops (k BIGINT) PARTITION BY (k);"
+            "CREATE STREAM hop_in (k BIGINT) PARTITION BY (k);"
+            "CREATE STREAM hop_out (k BIGINT) PARTITION BY (k);"
+            "CREATE PROCEDURE hop ON STREAM hop_in AS BEGIN INSERT INTO hop_out SELECT k + 1 FROM hop_in; END;"
+            "CREATE PROCEDURE land ON STREAM hop_out AS BEGIN INSERT INTO hops SELECT k FROM hop_out; END;"
+        )
+        k = next(k for k in range(1, 1000) if owners(partitions, [k])[0] != owners(partitions, [k + 1])[0])
+        r = c.push("hop_in", pa.table({"k": pa.array([k], pa.int64())})).result()
+        assert r.outcome == "rejected" and "belongs to partition" in r.reason
+        c.deploy("DROP PROCEDURE land; DROP PROCEDURE hop; DROP STREAM hop_out; DROP STREAM hop_in; DROP TABLE hops;")
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    batches=st.lists(
+        st.lists(st.tuples(st.integers(1, 40), st.integers(-30, 60)), min_size=1, max_size=6),
+        min_size=1,
+        max_size=14,
+    )
+)
+def test_random_deposits_match_a_sequential_reference(bank, batches):
+    c, _ = bank
+    balances: dict[int, int] = dict(c.query("SELECT account, balance FROM balances").fetchall())
+    audit = c.query("SELECT count(*) FROM audit").fetchall()[0][0]
+    outcomes = []
+    for batch in batches:
+        trial = dict(balances)
+        for account, amount in batch:
+            trial[account] = trial.get(account, 0) + amount
+        ok = all(v >= 0 for v in trial.values())
+        outcomes.append("committed" if ok else "rejected")
+        if ok:
+            balances = trial
+            audit += len(batch)
+    results = [f.result() for f in [c.push("deposits", deposits(b)) for b in batches]]
+    assert [r.outcome for r in results] == outcomes
+    assert dict(c.query("SELECT account, balance FROM balances").fetchall()) == balances
+    assert c.query("SELECT count(*) FROM audit").fetchall()[0][0] == audit
+
+
+def test_a_crashed_partition_is_reported_not_a_hang(tmp_path):
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        status = c.status()
+        victim = status["partitions"][1]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        a, b = keys_on(2, 0, 1)[0], keys_on(2, 1, 1)[0]
+        t0 = time.monotonic()
+        r = c.push("deposits", deposits([(a, 1), (b, 1)])).result(timeout=30)
+        assert r.code == grpc.StatusCode.UNAVAILABLE and "partition 1" in r.reason and "died" in r.reason
+        with pytest.raises(Unavailable, match="partition 1"):
+            c.query("SELECT count(*) FROM balances")
+        # partition 0 still answers what it alone holds, and nothing was left open there
+        assert c.push("deposits", deposits([(a, 5)])).result(timeout=30).ok
+        assert time.monotonic() - t0 < 30
