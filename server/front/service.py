@@ -7,6 +7,7 @@ a bug, logged and returned as INTERNAL, and the server keeps serving.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import importlib.metadata
 import sys
@@ -16,8 +17,9 @@ from typing import Any
 
 import grpc
 
-from streamtx.errors import StreamTxError, Unauthenticated
+from streamtx.errors import FailedPrecondition, NotFound, ResourceExhausted, StreamTxError, Unauthenticated
 from streamtx.server.front.front import Front
+from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 from streamtx.wire import decode_rowdata, encode_rowdata, params_from_proto
@@ -62,9 +64,19 @@ def rpc(admin: bool = False) -> Callable:
     return wrap
 
 
+TAKEN_REMEMBERED = 10_000
+"""Committed staging keys remembered, so that a re-sent commit is answered DUPLICATE even
+while the original is still waiting in the sequencer for an earlier batch id."""
+
+READ_MAX_BATCHES = 1024
+
+
 class StreamTxService(pb_grpc.StreamTxServicer):
     def __init__(self, front: Front) -> None:
         self.front = front
+        self.staging = Staging(front.config.staging_max_bytes, front.config.staging_ttl_s)
+        self._taken: collections.OrderedDict[tuple[str, str, int], None] = collections.OrderedDict()
+        self._sweep: asyncio.TimerHandle | None = None
 
     def authorize(self, context: grpc.aio.ServicerContext, verb: str) -> None:
         token = self.front.config.token
@@ -146,15 +158,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             ack.code = e.code.value[0]
             ack.reason = e.message
             return ack
-        ack.outcome = OUTCOMES[outcome["outcome"]]
-        ack.timestamp = outcome["ts"]
-        ack.code = outcome.get("code", 0)
-        ack.reason = outcome.get("reason", "")
-        ack.original = OUTCOMES[outcome.get("original", "")]
-        aborted = outcome.get("aborted_tes")
-        if aborted and not ack.reason:
-            ack.reason = "downstream TE aborted: " + "; ".join(aborted)
-        return ack
+        return _fill_ack(ack, outcome)
 
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:
@@ -204,6 +208,143 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             counters=st["counters"],
             last_timestamp=st["last_timestamp"],
         )
+
+    # ------------------------------------------------- streams for connectors
+    @rpc()
+    async def DescribeStream(self, request: pb.DescribeStreamRequest, context: Any) -> pb.DescribeStreamResponse:
+        """Lets a producer or reader check a stream before it moves any data."""
+        front = self.front
+        cat = front.catalog
+        schema = cat.stream_schemas.get(request.stream)
+        if schema is None:
+            known = ", ".join(cat.names("stream")) or "none"
+            raise NotFound(f"describe: unknown stream {request.stream!r} (streams: {known})")
+        readable = not cat.consumers.get(request.stream)
+        complete = 0
+        if readable and request.with_complete_through:
+            # Partition queues run in timestamp order: once this (empty) read has been
+            # answered, every command stamped up to `last` has finished on the stream.
+            last = front.sequencer.last_ts
+            await front.read_stream(request.stream, last + 1, 1)
+            complete = last
+        return pb.DescribeStreamResponse(
+            stream=request.stream,
+            arrow_schema=schema.serialize().to_pybytes(),
+            border=cat.is_border(request.stream),
+            readable=readable,
+            complete_through=complete,
+        )
+
+    @rpc()
+    async def ReadStream(self, request: pb.ReadStreamRequest, context: Any) -> pb.ReadStreamResponse:
+        """A bounded range of a stream's batches, for readers that keep their own offsets (Spark)."""
+        front = self.front
+        front.check_subscribe(request.stream)
+        limit = min(request.max_batches or 64, READ_MAX_BATCHES)
+        batches = await front.read_stream(request.stream, max(request.from_batch, 0), limit)
+        kept = [(b, t) for b, t in batches if request.to_batch <= 0 or b < request.to_batch]
+        return pb.ReadStreamResponse(
+            batches=[pb.StreamBatch(stream=request.stream, batch_id=b, data=encode_rowdata(t)) for b, t in kept],
+            more=len(batches) == limit and len(kept) == len(batches),
+        )
+
+    # ---------------------------------------------------- two-phase pushes
+    def _staging_schema(self, stream: str, verb: str) -> Any:
+        cat = self.front.catalog
+        schema = cat.stream_schemas.get(stream)
+        if schema is None:
+            known = ", ".join(cat.names("stream")) or "none"
+            raise NotFound(f"{verb}: unknown stream {stream!r} (streams: {known})")
+        if not cat.is_border(stream):
+            raise FailedPrecondition(
+                f"{verb}: stream {stream!r} is the output of a procedure; producers push to border streams only"
+            )
+        return schema
+
+    @rpc()
+    async def Stage(self, request: pb.StageRequest, context: Any) -> pb.StageResponse:
+        schema = self._staging_schema(request.stream, "stage")
+        what = f"stage to {request.stream!r} ({request.staging_id}, part {request.part}, chunk {request.chunk})"
+        table = decode_rowdata(request.data, schema, what)
+        limit = self.front.config.max_batch_rows
+        if table.num_rows > limit:
+            raise ResourceExhausted(f"{what}: {table.num_rows} rows exceed --max-batch-rows ({limit})")
+        staged = self.staging.put(request.stream, request.staging_id, request.part, request.chunk, table)
+        self.front.counters["staged_chunks"] += 1
+        self._schedule_sweep()
+        return pb.StageResponse(rows=table.num_rows, staged_bytes=staged)
+
+    @rpc()
+    async def CommitStaged(self, request: pb.CommitStagedRequest, context: Any) -> pb.PushAck:
+        """Exactly the named parts become batch (producer, batch_id); a re-sent commit is DUPLICATE."""
+        front = self.front
+        stream, producer, batch_id = request.stream, request.producer_id, request.batch_id
+        schema = front.check_push(stream, producer, batch_id)
+        specs = [PartSpec(p.part, p.chunks, p.rows) for p in request.parts]
+        rows = sum(s.rows for s in specs)
+        if rows > front.config.max_batch_rows:
+            raise ResourceExhausted(
+                f"commit of {stream!r} ({request.staging_id}): {rows} rows exceed --max-batch-rows "
+                f"({front.config.max_batch_rows}); make the batches smaller"
+            )
+        key = (producer, stream, batch_id)
+        table = self.staging.take(stream, request.staging_id, specs, schema)
+        if table is None:
+            staged = sum(s.chunks for s in specs)
+            if staged and key not in self._taken and front.sequencer.dispatched.get((producer, stream), 0) < batch_id:
+                raise FailedPrecondition(
+                    f"commit of {stream!r} ({request.staging_id}) as batch {batch_id} of {producer!r}: nothing is "
+                    f"staged under this id (expired after {front.config.staging_ttl_s:g} s, aborted, or never "
+                    "staged); stage the rows again"
+                )
+            # a re-sent commit (the rows went into the batch already), or an empty batch:
+            # the push path answers DUPLICATE with the original outcome, or takes the empty batch
+            table = schema.empty_table()
+        else:
+            self._taken[key] = None
+            while len(self._taken) > TAKEN_REMEMBERED:
+                self._taken.popitem(last=False)
+        ack = pb.PushAck(stream=stream, producer_id=producer, batch_id=batch_id, rows=table.num_rows)
+        try:
+            outcome = await front.push(stream, producer, batch_id, table)
+        except StreamTxError:
+            # not taken (e.g. an earlier batch id never came): a re-sent commit must not pass
+            # for a duplicate; the writer stages the rows again
+            self._taken.pop(key, None)
+            raise
+        front.counters["staged_commits"] += 1
+        front.counters["staged_parts_discarded"] = self.staging.discarded
+        front.counters["staging_expired"] = self.staging.expired
+        return _fill_ack(ack, outcome)
+
+    def _schedule_sweep(self) -> None:
+        """Expires abandoned staging ids even when no further staging call comes."""
+        if self._sweep is None and len(self.staging):
+            self._sweep = asyncio.get_running_loop().call_later(self.staging.ttl_s / 2, self._run_sweep)
+
+    def _run_sweep(self) -> None:
+        self._sweep = None
+        self.staging.expire()
+        self.front.counters["staging_expired"] = self.staging.expired
+        self._schedule_sweep()
+
+    @rpc()
+    async def AbortStaged(self, request: pb.AbortStagedRequest, context: Any) -> pb.AbortStagedResponse:
+        parts = self.staging.drop(request.stream, request.staging_id)
+        self.front.counters["staged_aborts"] += 1
+        return pb.AbortStagedResponse(parts=parts)
+
+
+def _fill_ack(ack: pb.PushAck, outcome: dict[str, Any]) -> pb.PushAck:
+    ack.outcome = OUTCOMES[outcome["outcome"]]
+    ack.timestamp = outcome["ts"]
+    ack.code = outcome.get("code", 0)
+    ack.reason = outcome.get("reason", "")
+    ack.original = OUTCOMES[outcome.get("original", "")]
+    aborted = outcome.get("aborted_tes")
+    if aborted and not ack.reason:
+        ack.reason = "downstream TE aborted: " + "; ".join(aborted)
+    return ack
 
 
 __all__ = ["StreamTxService"]

@@ -228,3 +228,105 @@ class StatusResponse(_message.Message):
     counters: _containers.ScalarMap[str, int]
     last_timestamp: int
     def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ...) -> None: ...
+
+class DescribeStreamRequest(_message.Message):
+    __slots__ = ("stream", "with_complete_through")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    WITH_COMPLETE_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    with_complete_through: bool
+    def __init__(self, stream: _Optional[str] = ..., with_complete_through: _Optional[bool] = ...) -> None: ...
+
+class DescribeStreamResponse(_message.Message):
+    __slots__ = ("stream", "arrow_schema", "border", "readable", "complete_through")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ARROW_SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    BORDER_FIELD_NUMBER: _ClassVar[int]
+    READABLE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_THROUGH_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    arrow_schema: bytes
+    border: bool
+    readable: bool
+    complete_through: int
+    def __init__(self, stream: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., border: _Optional[bool] = ..., readable: _Optional[bool] = ..., complete_through: _Optional[int] = ...) -> None: ...
+
+class ReadStreamRequest(_message.Message):
+    __slots__ = ("stream", "from_batch", "to_batch", "max_batches")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    TO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    from_batch: int
+    to_batch: int
+    max_batches: int
+    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., to_batch: _Optional[int] = ..., max_batches: _Optional[int] = ...) -> None: ...
+
+class ReadStreamResponse(_message.Message):
+    __slots__ = ("batches", "more")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[StreamBatch]
+    more: bool
+    def __init__(self, batches: _Optional[_Iterable[_Union[StreamBatch, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
+
+class StageRequest(_message.Message):
+    __slots__ = ("stream", "staging_id", "part", "chunk", "data")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STAGING_ID_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    staging_id: str
+    part: str
+    chunk: int
+    data: RowData
+    def __init__(self, stream: _Optional[str] = ..., staging_id: _Optional[str] = ..., part: _Optional[str] = ..., chunk: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+
+class StageResponse(_message.Message):
+    __slots__ = ("rows", "staged_bytes")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    STAGED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    rows: int
+    staged_bytes: int
+    def __init__(self, rows: _Optional[int] = ..., staged_bytes: _Optional[int] = ...) -> None: ...
+
+class StagedPart(_message.Message):
+    __slots__ = ("part", "chunks", "rows")
+    PART_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    part: str
+    chunks: int
+    rows: int
+    def __init__(self, part: _Optional[str] = ..., chunks: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class CommitStagedRequest(_message.Message):
+    __slots__ = ("stream", "staging_id", "producer_id", "batch_id", "parts")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STAGING_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    staging_id: str
+    producer_id: str
+    batch_id: int
+    parts: _containers.RepeatedCompositeFieldContainer[StagedPart]
+    def __init__(self, stream: _Optional[str] = ..., staging_id: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., parts: _Optional[_Iterable[_Union[StagedPart, _Mapping]]] = ...) -> None: ...
+
+class AbortStagedRequest(_message.Message):
+    __slots__ = ("stream", "staging_id")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    STAGING_ID_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    staging_id: str
+    def __init__(self, stream: _Optional[str] = ..., staging_id: _Optional[str] = ...) -> None: ...
+
+class AbortStagedResponse(_message.Message):
+    __slots__ = ("parts",)
+    PARTS_FIELD_NUMBER: _ClassVar[int]
+    parts: int
+    def __init__(self, parts: _Optional[int] = ...) -> None: ...

@@ -69,6 +69,31 @@ class StreamTxStub:
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.SerializeToString,
                 response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.DescribeStream = channel.unary_unary(
+                '/streamtx.v1.StreamTx/DescribeStream',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamResponse.FromString,
+                _registered_method=True)
+        self.ReadStream = channel.unary_unary(
+                '/streamtx.v1.StreamTx/ReadStream',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.ReadStreamRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.ReadStreamResponse.FromString,
+                _registered_method=True)
+        self.Stage = channel.unary_unary(
+                '/streamtx.v1.StreamTx/Stage',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.StageRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StageResponse.FromString,
+                _registered_method=True)
+        self.CommitStaged = channel.unary_unary(
+                '/streamtx.v1.StreamTx/CommitStaged',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.CommitStagedRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.PushAck.FromString,
+                _registered_method=True)
+        self.AbortStaged = channel.unary_unary(
+                '/streamtx.v1.StreamTx/AbortStaged',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.FromString,
+                _registered_method=True)
 
 
 class StreamTxServicer:
@@ -124,6 +149,44 @@ class StreamTxServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeStream(self, request, context):
+        """A stream's schema and how far it is complete (for producers and readers
+        that check before they move data, e.g. the Spark connector).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadStream(self, request, context):
+        """The committed batches of a stream with ids in [from_batch, to_batch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stage(self, request, context):
+        """Two-phase pushes (Spark): writers stage rows under a staging id; one
+        commit turns exactly the named parts into one atomic batch (deduplicated
+        by producer, stream and batch id like any push); abort discards them.
+        Staged rows are bounded (RESOURCE_EXHAUSTED beyond the limit) and expire
+        when never committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CommitStaged(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortStaged(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamTxServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -161,6 +224,31 @@ def add_StreamTxServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.FromString,
                     response_serializer=streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.SerializeToString,
+            ),
+            'DescribeStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeStream,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamResponse.SerializeToString,
+            ),
+            'ReadStream': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReadStream,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.ReadStreamRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.ReadStreamResponse.SerializeToString,
+            ),
+            'Stage': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stage,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StageRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.StageResponse.SerializeToString,
+            ),
+            'CommitStaged': grpc.unary_unary_rpc_method_handler(
+                    servicer.CommitStaged,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.CommitStagedRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.PushAck.SerializeToString,
+            ),
+            'AbortStaged': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortStaged,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -352,6 +440,141 @@ class StreamTx:
             '/streamtx.v1.StreamTx/Status',
             streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.SerializeToString,
             streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/DescribeStream',
+            streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/ReadStream',
+            streamtx_dot_v1_dot_streamtx__pb2.ReadStreamRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.ReadStreamResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/Stage',
+            streamtx_dot_v1_dot_streamtx__pb2.StageRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.StageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitStaged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/CommitStaged',
+            streamtx_dot_v1_dot_streamtx__pb2.CommitStagedRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.PushAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortStaged(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/AbortStaged',
+            streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.FromString,
             options,
             channel_credentials,
             insecure,

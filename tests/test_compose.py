@@ -1,0 +1,74 @@
+"""docker-compose.yml and the Dockerfile are valid, and build from this repository alone.
+
+`docker-compose config` (Debian's docker-compose; no Docker engine needed)
+parses and validates the compose file; `.ci/run` installs it. Without the
+binary this test fails: it is not skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.timeout(120)
+
+
+def compose(*args: str) -> str:
+    binary = shutil.which("docker-compose")
+    assert binary, "docker-compose is not installed: apt-get install docker-compose (.ci/run does it)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMTX_", "COMPOSE_", "DOCKER_"))}
+    proc = subprocess.run(
+        [binary, "-f", str(ROOT / "docker-compose.yml"), *args], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert proc.returncode == 0, f"docker-compose {' '.join(args)} failed:\n{proc.stderr}"
+    return proc.stdout
+
+
+def dockerfile_stages() -> dict[str, list[str]]:
+    """Stage name -> its instructions (continuation lines joined)."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.match(r"FROM\s+\S+\s+AS\s+(\S+)", line, re.I)
+        if m:
+            current = stages.setdefault(m.group(1), [])
+        current.append(line)
+    return stages
+
+
+def test_compose_file_is_valid_with_server_and_spark_job():
+    assert set(compose("config", "--services").split()) == {"streamtx", "spark-job"}
+    config = compose("config")
+    assert "target: spark-job" in config and "target: server" in config
+    assert "condition: service_healthy" in config  # the job waits for the server's health check
+    assert "127.0.0.1:7411:7411" in config or "published: 7411" in config
+    assert "streamtx:7411" in config  # the job talks to the server by its service name
+
+
+def test_images_build_from_this_repository_alone():
+    stages = dockerfile_stages()
+    assert {"server", "spark-job"} <= set(stages)
+    assert list(stages)[-1] == "server", "the server must stay the default (last) stage"
+    for name, lines in stages.items():
+        for line in lines:
+            if line.upper().startswith("COPY"):
+                sources = line.split()[1:-1]
+                assert not any(s.startswith("--from") for s in sources), f"{name}: copies from outside the repo"
+                for src in sources:
+                    assert (ROOT / src).exists(), f"{name}: COPY {src}: no such path in the repository"
+    job = " ".join(stages["spark-job"])
+    assert "openjdk-17" in job and "'.[spark]'" in job
+    entry = re.search(r'ENTRYPOINT \["python", "-m", "([\w.]+)"\]', job)
+    assert entry, "the spark-job stage runs a module"
+    module = entry.group(1).removeprefix("streamtx.").replace(".", "/")
+    assert (ROOT / f"{module}.py").exists(), entry.group(1)
