@@ -32,6 +32,7 @@ VERBS: dict[str, str] = {
     "partitions": "streamtx.bench.partitions",
     "spark": "streamtx.bench.spark",
     "ipc": "streamtx.bench.ipc",
+    "recovery": "streamtx.bench.recovery",
 }
 
 

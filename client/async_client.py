@@ -251,6 +251,11 @@ class AsyncClient:
         resp = await self._unary("Query", req, retry=True)
         return rowdata_to_result(resp.result, "query result")
 
+    async def checkpoint(self) -> dict[str, Any]:
+        """Admin: takes an online checkpoint of every partition now; returns where each was written."""
+        resp = await self._unary("Checkpoint", pb.CheckpointRequest(), retry=False)
+        return message_to_dict(resp)
+
     async def status(self) -> dict[str, Any]:
         """Server version, partitions, catalog and counters as a plain dict."""
         resp = await self._unary("Status", pb.StatusRequest(), retry=True)

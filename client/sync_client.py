@@ -125,6 +125,10 @@ class Client:
         """Read-only SQL over the committed state."""
         return self._run(self._async.query(sql, params))
 
+    def checkpoint(self) -> dict[str, Any]:
+        """Admin: an online checkpoint of every partition; see AsyncClient.checkpoint."""
+        return self._run(self._async.checkpoint())
+
     def status(self) -> dict[str, Any]:
         """Server status as a plain dict."""
         return self._run(self._async.status())

@@ -40,6 +40,9 @@ class ServerConfig:
     # trimmed in steps of a tenth, so between N and 1.1 N of the latest batches are held
     order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
     bins: int = 1024
+    durability: str = "strong"  # strong | weak | off: what the command log holds (server/partition/journal.py)
+    group_commit_ms: float = 2.0  # log records become durable together, at most this long after the first
+    checkpoint_every_s: float = 0.0  # periodic online checkpoints (0: only on demand)
     interval_size: int = 500  # punctuation interval: at most this many queued batches per transaction
     interval_ms: float = 0.0  # latency budget: wait up to this long for an interval to fill
     staging_max_bytes: int = 512 * 1024 * 1024  # rows staged for two-phase pushes (Spark), in all
@@ -51,6 +54,8 @@ class ServerConfig:
         if self.bins < self.partitions:
             raise ValueError(f"--bins ({self.bins}) must be at least --partitions ({self.partitions})")
 
+        if self.durability not in ("strong", "weak", "off"):
+            raise ValueError(f"--durability must be strong, weak or off, got {self.durability!r}")
         if self.executor not in EXECUTORS:
             raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
         if not (0 <= self.port < 65536):

@@ -28,6 +28,7 @@ class EmbeddedServer:
         executor: str = "serial",
         interval_size: int | None = None,
         token: str | None = None,
+        durability: str | None = None,
         extra_args: list[str] | None = None,
         quiet: bool = True,
         startup_timeout: float = 60.0,
@@ -45,6 +46,7 @@ class EmbeddedServer:
             executor,
             *(["--token", token] if token else []),
             *(["--interval-size", str(interval_size)] if interval_size else []),
+            *(["--durability", durability] if durability else []),
             *(extra_args or []),
         ]
         self.quiet = quiet
@@ -56,7 +58,8 @@ class EmbeddedServer:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> EmbeddedServer:
+    def start(self, wait: bool = True) -> EmbeddedServer:
+        """Starts the server; with `wait`, returns once it listens (recovery done)."""
         port_file = self.data_dir / "port"
         self.data_dir.mkdir(parents=True, exist_ok=True)
         port_file.unlink(missing_ok=True)
@@ -65,6 +68,8 @@ class EmbeddedServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "streamtx", "serve", *self.args], stdout=out, stderr=None, env=env
         )
+        if not wait:
+            return self
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

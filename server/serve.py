@@ -85,8 +85,10 @@ class Server:
             flush=True,
         )
         dead = asyncio.create_task(self._watch_partitions())
+        periodic = asyncio.create_task(self.front.checkpoint_periodically())
         await stop.wait()
         dead.cancel()
+        periodic.cancel()
         print("streamtx: shutting down", file=sys.stderr, flush=True)
         await self.stop()
 

@@ -152,6 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser(
+        "checkpoint",
+        help="take an online checkpoint of every partition now (admin)",
+        description="Asks the server for a consistent checkpoint of all partitions at one point of the command "
+        "order, written while it keeps serving; log records it covers are deleted. Prints where each went.",
+    )
+
+    sub.add_parser(
         "health",
         help="exit 0 if the server reports SERVING on the standard gRPC health service",
         description="Asks the grpc.health.v1 service for streamtx.v1.StreamTx (for container health checks): "
@@ -255,6 +262,26 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=defaults.bins,
         help="partitioning bins: bin = hash(key) mod BINS (default %(default)s)",
+    )
+    p.add_argument(
+        "--durability",
+        choices=("strong", "weak", "off"),
+        default=defaults.durability,
+        help="command log: strong logs every committed TE, weak only batches from outside and calls "
+        "(interior TEs are re-derived on recovery), off nothing (default %(default)s)",
+    )
+    p.add_argument(
+        "--group-commit-ms",
+        type=float,
+        default=defaults.group_commit_ms,
+        help="log records are fsynced together at most this long after the first (default %(default)s)",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=defaults.checkpoint_every_s,
+        metavar="SECONDS",
+        help="take an online checkpoint this often; 0 = only on demand (default %(default)s)",
     )
     p.add_argument(
         "--interval-size",
@@ -466,6 +493,17 @@ def _cmd_call(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_checkpoint(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+
+    with Client(args.target, **_client_kwargs(args)) as c:
+        done = c.checkpoint()
+    print(f"checkpoint at timestamp {done.get('timestamp', 0)}:")
+    for part in done.get("partitions", []):
+        print(f"  partition {part.get('partition', 0)}: {part['path']} (log records through lsn {part.get('lsn', 0)})")
+    return EXIT_OK
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -623,6 +661,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         bins=args.bins,
         interval_size=args.interval_size,
         interval_ms=args.interval_ms,
+        durability=args.durability,
+        group_commit_ms=args.group_commit_ms,
+        checkpoint_every_s=args.checkpoint_every,
     )
     try:
         config.validate()
@@ -675,6 +716,7 @@ _COMMANDS = {
     "call": _cmd_call,
     "push": _cmd_push,
     "status": _cmd_status,
+    "checkpoint": _cmd_checkpoint,
     "health": _cmd_health,
     "serve": _cmd_serve,
 }

@@ -102,6 +102,9 @@ class Coordinator:
             await self._undo_everywhere(ts)
             raise
         st.outcome["emitted"] = sorted(st.emitted)
+        if self.front.config.durability != "off":
+            # durable on the home partition: recovery replays this command's fragments on every partition
+            checked(await self.front.partitions[HOME].send({"op": "done", "ts": ts}))
 
     async def _undo_everywhere(self, ts: int) -> None:
         """After a failure mid-command (a partition died): no partition may keep a transaction open."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,25 @@ class Front:
             PartitionMap.load_or_create, self.data_dir, self.config.partitions, self.map.bins
         )
         await self.partitions.start()
+        await self._recover()
         ddl = [s.sql for s in create_statements(self.catalog)]
         await self.partitions.broadcast(
-            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json()}
+            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json(), "startup": True}
         )
         for reply, _ in await self.partitions.broadcast({"op": "marks"}):
             self.sequencer.load_marks(reply["marks"], reply["last_ts"])
+
+    async def _recover(self) -> None:
+        """Every partition recovers from the same global checkpoint and the same finished-command set.
+
+        The checkpoint is the newest one every partition completed (one
+        interrupted anywhere is never used); coordinated commands count as
+        finished only if the home partition logged their DONE record.
+        """
+        infos = [r for r, _ in await self.partitions.broadcast({"op": "recovery_info"})]
+        common = set.intersection(*(set(i["checkpoints"]) for i in infos)) if infos else set()
+        chosen = max(common) if common else None
+        await self.partitions.broadcast({"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]})
 
     async def stop(self) -> None:
         await self.partitions.stop()
@@ -276,6 +290,29 @@ class Front:
         ev = self._stream_events.pop(stream, None)
         if ev is not None:
             ev.set()
+
+    # -------------------------------------------------------------- checkpoint
+    async def checkpoint(self) -> tuple[int, list[dict[str, Any]]]:
+        """An online checkpoint of every partition at one point of the command order.
+
+        All partitions pin their snapshot at the same cut (the request passes the
+        gate like any command), then write it on a helper thread while they go
+        on executing; this returns when every partition has written its own.
+        """
+        ts = self.sequencer.last_ts
+        replies = await self.ask_all({"op": "checkpoint", "ts": ts})
+        await self.ask_all({"op": "release", "ts": ts})
+        self.counters["checkpoints"] += 1
+        return ts, [r[0] for r in replies]
+
+    async def checkpoint_periodically(self) -> None:
+        every = self.config.checkpoint_every_s
+        while every > 0:
+            await asyncio.sleep(every)
+            try:
+                await self.checkpoint()
+            except StreamTxError as e:
+                print(f"streamtx: periodic checkpoint failed: {e.message}", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------ status
     async def status(self) -> dict[str, Any]:

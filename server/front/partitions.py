@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -73,6 +74,12 @@ class Partition:
             str(self.config.interval_size),
             "--interval-ms",
             str(self.config.interval_ms),
+            "--durability",
+            self.config.durability,
+            "--data-dir",
+            str(Path(self.config.data_dir) / f"partition-{self.index}"),
+            "--group-commit-ms",
+            str(self.config.group_commit_ms),
         ]
         self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], start_new_session=False)
         theirs.close()

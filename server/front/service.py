@@ -92,6 +92,14 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             )
 
     @rpc(admin=True)
+    async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> pb.CheckpointResponse:
+        ts, parts = await self.front.checkpoint()
+        return pb.CheckpointResponse(
+            timestamp=ts,
+            partitions=[pb.PartitionCheckpoint(partition=i, path=p["path"], lsn=p["lsn"]) for i, p in enumerate(parts)],
+        )
+
+    @rpc(admin=True)
     async def Deploy(self, request: pb.DeployRequest, context: Any) -> pb.DeployResponse:
         created, dropped = await self.front.deploy(request.sql)
         return pb.DeployResponse(

@@ -22,12 +22,15 @@ Both paths reach exactly the state of running every TE alone, in order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from streamtx.errors import NotFound, StreamTxError
 from streamtx.server.partition.engine import Engine
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.journal import Journal
 from streamtx.server.partition.transaction import Transaction
 from streamtx.server.statetx import Event, StateProcedure
 
@@ -87,9 +90,12 @@ class _TE:
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.journal: Journal | None = None  # the command log's writer; None while replaying it
         self._open = False  # a coordinated command's transaction is open, awaiting `decide`
         self._open_windows: Any = None
         self._open_stored: set[str] = set()
+        self._open_specs: list[tuple[dict[str, Any], pa.Table]] = []
+        self._open_params: dict[str, Any] | None = None
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -133,6 +139,8 @@ class Dataflow:
         for i, run in runs:
             results[i] = run.finish(keep)
             p = pushes[i]
+            if self.journal is not None:
+                self.journal.push(p, run, rejected=False)
             eng.counters["committed"] += 1
             eng.counters["rows"] += p.batch.num_rows
         for key, (batch_id, ts) in taken.items():
@@ -149,6 +157,8 @@ class Dataflow:
             return duplicate
         eng.last_ts = max(eng.last_ts, ts)
         eng.record_rejection(producer, stream, batch_id, ts, code, reason)
+        if self.journal is not None:
+            self.journal.reject(producer, stream, batch_id, ts, code, reason)
         eng.counters["rejected"] += 1
         return Outcome("rejected", ts, code, reason)
 
@@ -180,6 +190,8 @@ class Dataflow:
         keep: dict[str, list[int]] = {}
         out = run.finish(keep)
         self._keep(keep)
+        if self.journal is not None:
+            self.journal.call(procedure, params, ts, run)
         return out, run.results
 
     # ------------------------------------------------- coordinated commands
@@ -204,35 +216,21 @@ class Dataflow:
             eng.con.execute("BEGIN")
             self._open_windows = eng.windows.snapshot()
             self._open_stored = set()
+            self._open_specs = []
             self._open = True
-        run = _Run(self, h["ts"], {})
-        run.call_params = h.get("params")
-        emitted: dict[str, list[pa.Table]] = {}
-        results: list[pa.Table] = []
-        result_ids: list[int] = []
-        stored: set[str] = set()
         eng.coordinated = True
         try:
-            for spec, table in zip(h["tes"], tables, strict=True):
-                stream = spec["stream"]
-                if stream is not None:
-                    run.inputs[stream] = table
-                te = _TE(spec["procedure"], stream, None, border=spec["border"], entry=spec["entry"])
-                tx = run._transaction(te)
-                run._run_te(te, tx)
-                for s, parts in tx.emitted.items():
-                    emitted.setdefault(s, []).extend(parts)
-                stored |= tx.stored
-                if stream is None:
-                    results += tx.results
-                    result_ids += tx.result_ids
+            emitted, stored, results, result_ids = self.run_specs(h["ts"], h["tes"], tables, h.get("params"))
         except StreamTxError as e:
             self._rollback(self._open_windows)
             self._open = False
+            self._open_specs = []
             return {"aborted": True, "code": e.code.value[0], "reason": e.message}, []
         finally:
             eng.coordinated = False
             eng.prepared.clear()
+        self._open_specs += list(zip(h["tes"], tables, strict=True))
+        self._open_params = h.get("params")
         self._open_stored |= stored
         eng.counters["fragments"] += 1
         streams = sorted(emitted)
@@ -241,6 +239,52 @@ class Dataflow:
         if "autocommit" in h:
             self.decide({"commit": True, "ts": h["ts"], "mark": h["autocommit"]["mark"]})
         return reply, out + results
+
+    def run_specs(
+        self, ts: int, specs: list[dict[str, Any]], tables: list[pa.Table], params: dict[str, Any] | None
+    ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
+        """Runs TEs given one by one (a fragment, or replayed TEs): no PE trigger fires."""
+        run = _Run(self, ts, {})
+        run.call_params = params
+        emitted: dict[str, list[pa.Table]] = {}
+        results: list[pa.Table] = []
+        result_ids: list[int] = []
+        stored: set[str] = set()
+        for spec, table in zip(specs, tables, strict=True):
+            stream = spec["stream"]
+            if stream is not None:
+                run.inputs[stream] = table
+            te = _TE(spec["procedure"], stream, None, border=spec["border"], entry=spec["entry"])
+            tx = run._transaction(te)
+            run._run_te(te, tx)
+            for s, parts in tx.emitted.items():
+                emitted.setdefault(s, []).extend(parts)
+            stored |= tx.stored
+            if stream is None:
+                results += tx.results
+                result_ids += tx.result_ids
+        return emitted, stored, results, result_ids
+
+    def replay_tes(
+        self, ts: int, specs: list[dict[str, Any]], tables: list[pa.Table], params: dict[str, Any] | None, mark: Any
+    ) -> None:
+        """Re-executes logged TEs as one transaction, PE triggers off (strong recovery)."""
+        eng = self.engine
+        saved = eng.windows.snapshot()
+        eng.con.execute("BEGIN")
+        try:
+            _, stored, _, _ = self.run_specs(ts, specs, tables, params)
+            if mark is not None:
+                eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
+            eng.state.flush()
+            eng.con.execute("COMMIT")
+        except BaseException:
+            self._rollback(saved)
+            raise
+        if mark is not None:
+            eng.marks[(mark[0], mark[1])] = mark[2]
+        eng.last_ts = max(eng.last_ts, ts)
+        self._keep({s: [ts] for s in stored})
 
     def decide(self, h: dict[str, Any]) -> dict[str, Any]:
         """Commits or undoes the open coordinated transaction; records the batch's mark or rejection."""
@@ -255,16 +299,21 @@ class Dataflow:
             if mark is not None:
                 eng.marks[(mark[0], mark[1])] = mark[2]
             self._keep({s: [ts] for s in self._open_stored})
+            if self.journal is not None:
+                self.journal.fragments(ts, self._open_specs, self._open_params, mark)
         elif self._open:
             self._rollback(self._open_windows)
         self._open = False
         self._open_stored = set()
+        self._open_specs = []
         eng.last_ts = max(eng.last_ts, ts)
         rejection = h.get("rejection")
         if rejection is not None:
             producer, stream, batch_id, code, reason = rejection
             if batch_id > eng.marks.get((producer, stream), 0):
                 eng.record_rejection(producer, stream, batch_id, ts, code, reason)
+                if self.journal is not None:
+                    self.journal.reject(producer, stream, batch_id, ts, code, reason)
         return {}
 
     # ------------------------------------------------------------- internals
@@ -277,6 +326,8 @@ class Dataflow:
         out = run.finish(keep)
         self._keep(keep)
         eng.last_ts = max(eng.last_ts, p.ts)
+        if self.journal is not None:
+            self.journal.push(p, run, rejected=out.outcome == "rejected", outcome=out)
         if out.outcome == "rejected":
             eng.counters["rejected"] += 1
             return out
@@ -366,6 +417,8 @@ class _Run:
         self._group_stored: set[str] = set()
         self._saved_windows: Any = None
         self._saved_inputs: dict[str, pa.Table] = {}
+        self.logged: list[tuple[dict[str, Any], pa.Table | None]] = []  # committed TEs, for strong logging
+        self._logged_at = 0
 
     def start_push(self, p: Push) -> None:
         """The batch's entry TEs: every consumer of its stream, taken or refused together.
@@ -405,6 +458,7 @@ class _Run:
             self._group = te.group
             tx = self._transaction(te)
             self._run_te(te, tx)
+            self._log(te)
             self._done(te, tx, None)
         self._group = None
 
@@ -419,6 +473,7 @@ class _Run:
             tx = self._transaction(te)
             try:
                 self._run_te(te, tx)
+                self._log(te)
                 if te.border:  # in the entry unit's transaction
                     assert self.push is not None
                     self.eng.record_mark(self.push.producer, self.push.stream, self.push.batch_id, self.ts)
@@ -454,7 +509,12 @@ class _Run:
         self.pending.remove(best)
         return best
 
+    def _log(self, te: _TE) -> None:
+        spec = {"procedure": te.procedure, "stream": te.stream, "border": te.border, "entry": te.entry}
+        self.logged.append((spec, self.inputs.get(te.stream) if te.stream else None))
+
     def _begin(self, group: str | None) -> None:
+        self._logged_at = len(self.logged)
         self.eng.con.execute("BEGIN")
         self._saved_windows = self.eng.windows.snapshot()
         self._saved_inputs = dict(self.inputs)
@@ -509,6 +569,7 @@ class _Run:
         eng.windows.restore(self._saved_windows)
         eng.state.discard()
         self.inputs = self._saved_inputs
+        del self.logged[self._logged_at :]
         group = self._group
         undone = [*self._group_tes, te]
         self._group = None

@@ -9,6 +9,7 @@ front closes the socket or dies (PR_SET_PDEATHSIG), so it can never outlive it.
 from __future__ import annotations
 
 import argparse
+import collections
 import ctypes
 import os
 import queue
@@ -23,13 +24,22 @@ from typing import Any
 
 import pyarrow as pa
 
-from streamtx.errors import Internal, StreamTxError
+from streamtx.errors import FailedPrecondition, Internal, StreamTxError
+from streamtx.recovery import CorruptCheckpoint, CorruptLog
+from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.ipc import Frame, SocketFrames
+from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
+from streamtx.server.partition.journal import MODES, Journal
 from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
+WAKE_OP = "__wake__"  # inbox marker: the command log made more records durable
+CHECKPOINTED_OP = "__checkpointed__"  # inbox marker: the checkpoint writer finished
+WAKE: Frame = ({"op": WAKE_OP}, [])
+LOGGED_OPS = frozenset({"reject", "call", "install", "decide", "done"})
+"""Commands whose effects are logged: answered only once durable (pushes too, via `_pushes`)."""
 
 
 def _die_with_parent(parent: int) -> None:
@@ -52,6 +62,9 @@ class Worker:
         executor: str,
         interval_size: int = 500,
         interval_ms: float = 0.0,
+        durability: str = "off",
+        data_dir: Path | None = None,
+        group_commit_ms: float = 2.0,
     ) -> None:
         self.frames = frames
         self.interval_size = interval_size
@@ -59,6 +72,26 @@ class Worker:
         self.engine = Engine(partition, ProcedureLoader(procedures), retention, executor)
         self.dataflow = Dataflow(self.engine)
         self.inbox: queue.Queue[Frame | None] = queue.Queue()
+        self.data_dir = data_dir
+        self.journal = Journal.open(durability, data_dir, lambda _: self.inbox.put(WAKE), group_commit_ms)
+        self.acks: collections.deque[tuple[int, dict[str, Any], list[pa.Table]]] = collections.deque()
+        self.checkpointing = False
+        self.written: dict[int, int] = {}  # checkpoint ts -> its lsn, until every partition has written it
+
+    def recover(self, checkpoint_ts: int | None, done: set[int]) -> dict[str, Any]:
+        """Rebuilds the partition from the chosen checkpoint and its command log (the front chose both)."""
+        info: dict[str, Any] = {}
+        if self.data_dir is not None:
+            part = self.data_dir
+            try:
+                info = self.journal.recover(
+                    self.dataflow, part / "checkpoints", checkpoint_ts, part / "log", done, self.engine.partition
+                )
+            except (CorruptLog, CorruptCheckpoint) as e:
+                print(f"streamtx: partition {self.engine.partition}: cannot recover: {e}", file=sys.stderr, flush=True)
+                os._exit(2)
+        self.dataflow.journal = self.journal
+        return info
 
     def _read_loop(self) -> None:
         while True:
@@ -76,19 +109,36 @@ class Worker:
             if frame is None:
                 return
             header, tables = frame
-            if header.get("op") == "shutdown":
+            op = header.get("op")
+            if op == WAKE_OP:
+                self._flush_acks()
+                continue
+            if op == CHECKPOINTED_OP:
+                self._checkpointed(header)
+                continue
+            if op == "shutdown":
+                self.journal.log.flush()
+                self._flush_acks()
+                self.journal.log.close()
                 self.frames.write({"id": header["id"], "ok": True})
                 return
-            if header.get("op") == "push":
+            if op == "push":
                 group, held = self._interval(frame)
                 self._pushes(group)
+                self._flush_acks()
                 continue
             try:
                 reply, out_tables = self.handle(header, tables)
             except Exception as e:
                 self._error(header, e)
                 continue
-            self._ok(header, reply, out_tables)
+            if op == "checkpoint":
+                continue  # answered when the helper thread has written it
+            if op in LOGGED_OPS or (op == "fragment" and "autocommit" in header):
+                self._ack(header, reply, out_tables)
+                self._flush_acks()
+            else:
+                self._ok(header, reply, out_tables)
 
     def _interval(self, first: Frame) -> tuple[list[Frame], Frame | None]:
         """The queued batches to run as one punctuation interval, and the frame that ended it.
@@ -108,6 +158,9 @@ class Worker:
             if nxt is None:  # the front went away: let the main loop see it
                 self.inbox.put(None)
                 return group, None
+            if nxt[0].get("op") == WAKE_OP:
+                self._flush_acks()
+                continue
             if nxt[0].get("op") != "push":
                 return group, nxt
             group.append(nxt)
@@ -124,7 +177,52 @@ class Worker:
             if isinstance(result, Exception):
                 self._error(h, result)
             else:
-                self._ok(h, result.header(), [])
+                self._ack(h, result.header(), [])
+
+    def _ack(self, header: dict[str, Any], reply: dict[str, Any], tables: list[pa.Table]) -> None:
+        """Answers a command once the log records of everything committed so far are durable."""
+        reply.update(id=header["id"], ok=True)
+        self.acks.append((self.journal.last_lsn, reply, tables))
+
+    def _flush_acks(self) -> None:
+        if not self.acks:
+            return
+        durable = self.journal.log.durable_lsn
+        failed = self.journal.log.failed
+        if failed is not None:
+            print(f"streamtx: partition {self.engine.partition}: command log failed: {failed}", file=sys.stderr)
+            os._exit(3)  # acknowledging nothing more; the restarted partition recovers
+        while self.acks and self.acks[0][0] <= durable:
+            _, reply, tables = self.acks.popleft()
+            self.frames.write(reply, tables)
+
+    def _start_checkpoint(self, header: dict[str, Any]) -> None:
+        if self.data_dir is None:
+            raise FailedPrecondition("checkpoint: this server has no data directory for partition state")
+        if self.checkpointing:
+            raise FailedPrecondition(f"checkpoint: partition {self.engine.partition} is still writing the last one")
+        snap, meta = checkpoints.begin(self.engine, self.journal.last_lsn, header["ts"])
+        self.checkpointing = True
+        target = self.data_dir / "checkpoints"
+
+        def write() -> None:
+            done: dict[str, Any] = {"op": CHECKPOINTED_OP, "request": header["id"], "lsn": snap.lsn, "ts": snap.ts}
+            try:
+                done["path"] = str(snap.write(target, meta=meta, keep=2, log=self.journal.log))
+            except Exception as e:  # reported to the caller; the previous checkpoint stays in use
+                done["error"] = f"{type(e).__name__}: {e}"
+            self.inbox.put((done, []))
+
+        threading.Thread(target=write, name="checkpoint-writer", daemon=True).start()
+
+    def _checkpointed(self, done: dict[str, Any]) -> None:
+        self.checkpointing = False
+        if "error" in done:
+            self._error({"id": done["request"]}, Internal(f"checkpoint: {done['error']}"))
+            return
+        self.written[done["ts"]] = done["lsn"]
+        self.engine.counters["checkpoints"] += 1
+        self._ok({"id": done["request"]}, {"path": done["path"], "lsn": done["lsn"], "ts": done["ts"]}, [])
 
     def _ok(self, header: dict[str, Any], reply: dict[str, Any], tables: list[pa.Table]) -> None:
         reply.update(id=header["id"], ok=True)
@@ -158,7 +256,26 @@ class Worker:
             batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
             return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
         if op == "install":
+            if h.get("startup") and eng.catalog.version == Catalog.from_json(h["catalog"]).version:
+                if eng.catalog.version or not h["ddl"]:
+                    return {}, []  # recovered already
             eng.install(h["catalog"], h["ddl"], h.get("map"))
+            self.journal.install(h["catalog"], h["ddl"], h.get("map"))
+            return {}, []
+        if op == "checkpoint":
+            self._start_checkpoint(h)
+            return {}, []
+        if op == "release":  # every partition wrote checkpoint ts: older log records are not needed
+            lsn = self.written.pop(h["ts"], None)
+            if lsn is not None:
+                self.journal.log.truncate_before(lsn + 1)
+            return {}, []
+        if op == "recovery_info":
+            return self.journal.recovery_info(self.data_dir), []
+        if op == "recover":
+            return self.recover(h["checkpoint"], set(h["done"])), []
+        if op == "done":
+            self.journal.done(h["ts"])
             return {}, []
         if op == "marks":
             eng.load_marks()
@@ -180,24 +297,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--executor", default="serial")
     parser.add_argument("--interval-size", type=int, default=500)
     parser.add_argument("--interval-ms", type=float, default=0.0)
+    parser.add_argument("--durability", choices=MODES, default="off")
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--group-commit-ms", type=float, default=2.0)
     args = parser.parse_args(argv)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
     sock = socket.socket(fileno=args.fd)
-    worker = Worker(
-        args.partition,
-        SocketFrames(sock),
-        args.procedures_path,
-        args.retention,
-        args.executor,
-        args.interval_size,
-        args.interval_ms,
-    )
+    try:
+        worker = Worker(
+            args.partition,
+            SocketFrames(sock),
+            args.procedures_path,
+            args.retention,
+            args.executor,
+            args.interval_size,
+            args.interval_ms,
+            args.durability,
+            args.data_dir,
+            args.group_commit_ms,
+        )
+    except (CorruptLog, CorruptCheckpoint) as e:
+        print(
+            f"streamtx: partition {args.partition}: cannot recover from {args.data_dir}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(2)
     try:
         worker.serve()
     except (BrokenPipeError, ConnectionResetError):
         pass
     finally:
+        worker.journal.log.close()
         worker.engine.con.close()
         sock.close()
 

@@ -180,6 +180,28 @@ class StreamBatch(_message.Message):
     data: RowData
     def __init__(self, stream: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
 
+class CheckpointRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PartitionCheckpoint(_message.Message):
+    __slots__ = ("partition", "path", "lsn")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    LSN_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    path: str
+    lsn: int
+    def __init__(self, partition: _Optional[int] = ..., path: _Optional[str] = ..., lsn: _Optional[int] = ...) -> None: ...
+
+class CheckpointResponse(_message.Message):
+    __slots__ = ("timestamp", "partitions")
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    timestamp: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionCheckpoint]
+    def __init__(self, timestamp: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionCheckpoint, _Mapping]]] = ...) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

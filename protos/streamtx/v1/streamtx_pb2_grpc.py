@@ -69,6 +69,11 @@ class StreamTxStub:
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.SerializeToString,
                 response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Checkpoint = channel.unary_unary(
+                '/streamtx.v1.StreamTx/Checkpoint',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.FromString,
+                _registered_method=True)
         self.DescribeStream = channel.unary_unary(
                 '/streamtx.v1.StreamTx/DescribeStream',
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamRequest.SerializeToString,
@@ -149,6 +154,14 @@ class StreamTxServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Checkpoint(self, request, context):
+        """Admin: an online checkpoint of every partition at one point of the command order.
+        Returns once every partition has written it; log records it covers are then deleted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeStream(self, request, context):
         """A stream's schema and how far it is complete (for producers and readers
         that check before they move data, e.g. the Spark connector).
@@ -224,6 +237,11 @@ def add_StreamTxServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.FromString,
                     response_serializer=streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.SerializeToString,
+            ),
+            'Checkpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.Checkpoint,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.SerializeToString,
             ),
             'DescribeStream': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeStream,
@@ -440,6 +458,33 @@ class StreamTx:
             '/streamtx.v1.StreamTx/Status',
             streamtx_dot_v1_dot_streamtx__pb2.StatusRequest.SerializeToString,
             streamtx_dot_v1_dot_streamtx__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Checkpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/Checkpoint',
+            streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,61 @@
+"""A partition's online checkpoints: what a snapshot holds beyond its tables, and restoring one.
+
+The tables (user tables, stored streams, windows, exactly-once marks and
+rejections) are copied by `streamtx.recovery.checkpoint` inside one DuckDB read
+transaction, on a helper thread, while the partition keeps executing. The rest
+of a partition's state is derived from those tables on restore (window
+positions, marks, which stream batches are kept), except the catalog, the
+partition map and the last timestamp, which travel in the checkpoint's meta.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
+from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.engine import Engine
+
+
+def begin(engine: Engine, lsn: int, ts: int) -> tuple[Snapshot, dict[str, Any]]:
+    """Pins the partition's state now (between two commands); returns the snapshot and its meta.
+
+    `ts` names the checkpoint: the front's timestamp at the cut, the same on every partition.
+    """
+    meta = {
+        "catalog": engine.catalog.to_json(),
+        "map": engine.map.to_json(),
+        "last_ts": engine.last_ts,
+        "trimmed_through": engine.trimmed_through,
+        "partition": engine.partition,
+    }
+    return begin_snapshot(engine.con, ts=ts, lsn=lsn), meta
+
+
+def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) -> None:
+    meta = ckpt.meta
+    catalog = Catalog.from_json(meta["catalog"], engine.loader.resolve)
+    engine.install(meta["catalog"], [s.sql for s in create_statements(catalog)], meta["map"])
+    restore_into(engine.con, ckpt, replace=True)
+    engine.last_ts = max(engine.last_ts, int(meta["last_ts"]))
+    engine.trimmed_through = {k: int(v) for k, v in meta["trimmed_through"].items()}
+    engine.windows.load()
+    engine.load_marks()
+    engine.retained = {}
+    for stream in engine.catalog.retained:
+        ids = engine.con.execute(
+            f"SELECT DISTINCT batch_id FROM {STREAM_SCHEMA}.{quote(stream)} ORDER BY batch_id"
+        ).fetchall()
+        if ids:
+            engine.retained[stream] = collections.deque(b for (b,) in ids)
+
+
+def directory(data_dir: Path, partition: int) -> Path:
+    """Where partition `partition` keeps its log and checkpoints."""
+    return data_dir / f"partition-{partition}"

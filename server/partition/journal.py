@@ -1,0 +1,233 @@
+"""What a partition writes to its command log, and how it recovers from it.
+
+Modes (`--durability`):
+
+- `weak`: the commands a partition takes from outside are logged: each atomic
+  batch (PUSH: its stream, producer, batch id, timestamp and tuples), OLTP call
+  (CALL), front-side rejection (REJECT), deploy (INSTALL), and the fragments of
+  coordinated commands it committed (FRAGMENTS: their inputs came from other
+  partitions, so they cannot be re-derived here). Replay re-runs each command
+  with PE triggers on, which re-derives every interior TE (upstream backup).
+- `strong`: every committed TE is logged, border and interior alike (TE: the
+  procedure, its input tuples or parameters, its timestamp, the batch's dedup
+  id on the border TE), as consecutive records `i of n` per command. Replay
+  re-executes each TE alone, PE triggers off. A command whose last records are
+  missing (the torn tail of a crash) was never acknowledged and is dropped.
+- `off`: nothing is logged; acknowledgements do not wait.
+
+Records are appended after the DuckDB commit, in commit order; the worker
+acknowledges a command only once its last record is durable (group commit).
+The in-memory database itself is never durable: a crash loses exactly the
+unacknowledged commands, which producers re-send (deduplication makes that
+safe, since marks are rebuilt by replay too).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from streamtx.recovery import (
+    CommandLog,
+    Kind,
+    LogReader,
+    NullLog,
+    decode_command,
+    encode_command,
+    load_checkpoint,
+    restore_into,
+)
+from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
+from streamtx.recovery.log import Log
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.dataflow import Dataflow, Outcome, Push, _Run
+
+MODES = ("strong", "weak", "off")
+FRAGMENTS = 6  # record kind: the fragments of a coordinated command committed here
+DONE = 7  # record kind (home partition): a coordinated command finished on every partition
+REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
+
+
+class Journal:
+    def __init__(self, mode: str, log: Log) -> None:
+        if mode not in MODES:
+            raise ValueError(f"--durability must be one of {', '.join(MODES)}, not {mode!r}")
+        self.mode = mode
+        self.log = log
+
+    @classmethod
+    def open(cls, mode: str, directory: Path | None, wake: Callable[[int], None], group_ms: float) -> Journal:
+        if mode == "off" or directory is None:
+            return cls("off", NullLog())
+        return cls(mode, CommandLog(directory / "log", group_ms=group_ms, on_durable=wake))
+
+    @property
+    def last_lsn(self) -> int:
+        return self.log.last_lsn
+
+    def _append(self, kind: int, ts: int, header: dict[str, Any], tables: list[pa.Table]) -> None:
+        if self.mode != "off":
+            self.log.append(kind, encode_command(header, tables), ts)
+
+    # ------------------------------------------------------------- writing
+    def push(self, p: Push, run: _Run, rejected: bool, outcome: Outcome | None = None) -> None:
+        if self.mode == "weak":
+            head = {"stream": p.stream, "producer": p.producer, "batch_id": p.batch_id}
+            self._append(Kind.PUSH, p.ts, head, [p.batch])
+            return
+        self._tes(p.ts, run.logged, None, [p.producer, p.stream, p.batch_id])
+        if rejected and outcome is not None:
+            self.reject(p.producer, p.stream, p.batch_id, p.ts, outcome.code, outcome.reason)
+
+    def call(self, procedure: str, params: dict[str, Any], ts: int, run: _Run) -> None:
+        if self.mode == "weak":
+            self._append(Kind.CALL, ts, {"procedure": procedure, "params": params}, [])
+        else:
+            self._tes(ts, run.logged, params, None)
+
+    def reject(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
+        head = {"producer": producer, "stream": stream, "batch_id": batch_id, "code": code, "reason": reason}
+        self._append(Kind.REJECT, ts, head, [])
+
+    def install(self, catalog: str, ddl: list[str], partition_map: str | None) -> None:
+        self._append(Kind.INSTALL, 0, {"catalog": catalog, "ddl": ddl, "map": partition_map}, [])
+
+    def done(self, ts: int) -> None:
+        self._append(DONE, ts, {}, [])
+
+    def fragments(
+        self, ts: int, specs: list[tuple[dict[str, Any], pa.Table]], params: dict[str, Any] | None, mark: Any
+    ) -> None:
+        head = {"specs": [s for s, _ in specs], "params": params, "mark": mark}
+        self._append(FRAGMENTS, ts, head, [t for _, t in specs])
+
+    def _tes(
+        self,
+        ts: int,
+        logged: list[tuple[dict[str, Any], pa.Table | None]],
+        params: dict[str, Any] | None,
+        mark: list[Any] | None,
+    ) -> None:
+        n = len(logged)
+        for i, (spec, table) in enumerate(logged):
+            head = {"i": i, "n": n, "spec": spec, "params": params, "mark": mark if spec["border"] else None}
+            self._append(Kind.TE, ts, head, [table] if table is not None else [])
+
+    # ------------------------------------------------------------ recovery
+    def recovery_info(self, data_dir: Path | None) -> dict[str, Any]:
+        """What the front needs to choose a consistent recovery: complete checkpoints, finished commands."""
+        if data_dir is None:
+            return {"checkpoints": [], "done": []}
+        ckpts = [int(p.name.split("-")[1]) for p in list_checkpoints(data_dir / "checkpoints")]
+        done = []
+        log_dir = data_dir / "log"
+        if log_dir.exists():
+            done = [r.ts for r in LogReader(log_dir).records() if r.kind == DONE]
+        return {"checkpoints": ckpts, "done": done}
+
+    def recover(
+        self,
+        flow: Dataflow,
+        checkpoints: Path,
+        checkpoint_ts: int | None,
+        log_dir: Path,
+        done: set[int],
+        partition: int,
+    ) -> dict[str, Any]:
+        """Loads the chosen checkpoint, then replays the log after it; reports progress on stderr.
+
+        Fragments of a coordinated command are replayed only if the command
+        finished everywhere (`done`, from the home partition's log): one that a
+        crash cut short was never acknowledged, and its producer re-sends it.
+        """
+        from streamtx.server.partition.checkpoints import restore
+        from streamtx.server.partition.dataflow import Push
+
+        started = time.monotonic()
+        lsn = 0
+        found = checkpoints / checkpoint_name(checkpoint_ts) if checkpoint_ts is not None else None
+        if found is not None:
+            ckpt = load_checkpoint(found)
+            restore(flow.engine, ckpt, restore_into)
+            lsn = ckpt.lsn
+        reader = LogReader(log_dir) if log_dir.exists() else None
+        total = reader.total(lsn + 1) if reader is not None else 0
+        count = 0
+        if reader is not None and total:
+            _say(partition, f"replaying {total} log records after checkpoint lsn {lsn}")
+            pending: list[tuple[dict[str, Any], list[pa.Table], int]] = []
+            pushes: list[Push] = []  # consecutive batches (weak) replay as one interval, as they ran
+            last_report = time.monotonic()
+            for count, _, record in reader.replay(lsn + 1):
+                if record.kind == FRAGMENTS and record.ts not in done:
+                    continue
+                head, tables = decode_command(record.payload)
+                if record.kind == Kind.PUSH:
+                    pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
+                    if len(pushes) < REPLAY_INTERVAL:
+                        continue
+                if pushes:
+                    flow.run_pushes(pushes)
+                    pushes = []
+                if record.kind != Kind.PUSH:
+                    self._replay(flow, record.kind, record.ts, head, tables, pending)
+                if time.monotonic() - last_report > 1.0:
+                    _say(partition, f"replayed {count}/{total} log records")
+                    last_report = time.monotonic()
+            if pushes:
+                flow.run_pushes(pushes)
+        seconds = time.monotonic() - started
+        flow.engine.counters["recovered_records"] = count
+        flow.engine.counters["recovery_ms"] = round(seconds * 1000)
+        if found is not None or total:
+            name = found.name if found is not None else "none"
+            _say(partition, f"recovered: checkpoint {name}, {count} log records, {seconds:.2f} s")
+        return {"checkpoint_lsn": lsn, "replayed": count, "seconds": seconds}
+
+    def _replay(
+        self,
+        flow: Dataflow,
+        kind: int,
+        ts: int,
+        head: dict[str, Any],
+        tables: list[pa.Table],
+        pending: list[tuple[dict[str, Any], list[pa.Table], int]],
+    ) -> None:
+        eng = flow.engine
+        if kind == Kind.INSTALL:
+            eng.install(head["catalog"], head["ddl"], head["map"])
+        elif kind == Kind.CALL:
+            try:
+                flow.run_call(head["procedure"], head["params"], ts)
+            except Exception:  # a call that failed changed nothing, then as now
+                pass
+        elif kind == Kind.REJECT:
+            if head["batch_id"] > eng.marks.get((head["producer"], head["stream"]), 0):
+                eng.record_rejection(
+                    head["producer"], head["stream"], head["batch_id"], ts, head["code"], head["reason"]
+                )
+            eng.last_ts = max(eng.last_ts, ts)
+        elif kind == DONE:
+            pass
+        elif kind == FRAGMENTS:
+            flow.replay_tes(ts, head["specs"], tables, head["params"], head["mark"])
+        elif kind == Kind.TE:
+            if head["i"] == 0:
+                pending.clear()
+            pending.append((head, tables, ts))
+            if head["i"] == head["n"] - 1 and len(pending) == head["n"]:
+                specs = [h["spec"] for h, _, _ in pending]
+                inputs = [t[0] if t else pa.table({}) for _, t, _ in pending]
+                marks = [h["mark"] for h, _, _ in pending if h["mark"] is not None]
+                flow.replay_tes(ts, specs, inputs, head["params"], marks[0] if marks else None)
+                pending.clear()
+
+
+def _say(partition: int, message: str) -> None:
+    print(f"streamtx: partition {partition}: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,211 @@
+"""Durability: real servers killed with SIGKILL, restarted on the same data directory.
+
+The producer re-sends every batch it has no acknowledgement for, in batch-id
+order, after each restart. The final state must equal the sequential
+reference over all batches: an acknowledged batch that was lost, or a batch
+applied twice, would show. Crashes land during pushes, during the periodic
+online checkpoints (every 0.4 s) and during recovery itself.
+"""
+
+from __future__ import annotations
+
+import glob
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from streamtx.client import Client
+from streamtx.errors import Unauthenticated
+from streamtx.procedures.tstream import sl
+from streamtx.procedures.tstream.common import run_reference
+from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
+from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
+from streamtx.server.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.timeout(900)
+
+CONFIGS = [("strong", 1), ("weak", 1), ("strong", 2), ("weak", 2)]
+CRASHES = 20
+BATCH = 4
+
+
+def rows_of(table: pa.Table) -> list[tuple]:
+    return list(zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True))
+
+
+def push_until_killed(srv: EmbeddedServer, stream: str, batches: list[pa.Table], first: int, delay: float) -> int:
+    """Pushes batches `first`, `first + 1`, ... pipelined; SIGKILLs the server after `delay` seconds.
+
+    Returns the first batch id without an acknowledgement (acks come in batch-id order).
+    """
+    c = Client(srv.target, producer_id="crash-producer", retries=0, max_in_flight=32)
+    futures = [c.push(stream, batches[i - 1], batch_id=i) for i in range(first, len(batches) + 1)]
+    time.sleep(delay)
+    srv.kill()
+    acked = first
+    for f in futures:
+        try:
+            r = f.result(timeout=30)
+        except Exception:
+            break
+        if r.outcome not in ("committed", "rejected", "duplicate"):
+            break
+        acked = r.batch_id + 1
+    try:
+        c.close(flush=False)
+    except Exception:
+        pass
+    return acked
+
+
+def crash_loop(srv: EmbeddedServer, stream: str, batches: list[pa.Table], seed: int) -> None:
+    rng = random.Random(seed)
+    first = 1
+    for _ in range(CRASHES):
+        first = push_until_killed(srv, stream, batches, first, rng.uniform(0.05, 0.9))
+        if rng.random() < 0.3:  # a crash during recovery itself
+            srv.start(wait=False)
+            time.sleep(rng.uniform(0.3, 2.0))
+            srv.kill()
+        srv.start()
+    with Client(srv.target, producer_id="crash-producer") as c:
+        results = [
+            f.result() for f in [c.push(stream, batches[i - 1], batch_id=i) for i in range(first, len(batches) + 1)]
+        ]
+    assert all(r.outcome in ("committed", "duplicate", "rejected") for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("mode", "partitions"), CONFIGS, ids=[f"{m}-P{p}" for m, p in CONFIGS])
+def test_voter_survives_random_crashes_exactly_once(tmp_path, mode, partitions):
+    config = VoterConfig(contestants=6, max_votes=2, delete_every=70, window=12, slide=2)
+    votes = generate_votes(160 * BATCH, seed=partitions, contestants=6, phones=60, invalid_share=0.1)
+    batches = [votes.slice(i, BATCH) for i in range(0, votes.num_rows, BATCH)]
+    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
+    srv = EmbeddedServer(tmp_path / "data", partitions=partitions, durability=mode, extra_args=args).start()
+    try:
+        with Client(srv.target) as c:
+            c.deploy(deploy_script(config))
+            c.call("setup", **setup_params(config))
+        crash_loop(srv, "votes_in", batches, seed=hash((mode, partitions)) & 0xFFFF)
+        ref = VoterReference(config)
+        for b in batches:
+            ref.process_batch(rows_of(b))
+        expected = ref.tables()
+        with Client(srv.target) as c:
+            for name, sql in SERVER_QUERIES.items():
+                assert c.query(sql).fetchall() == expected[name], name
+            assert c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall() == sorted(
+                ref.rejected
+            )
+            assert c.status()["counters"].get("checkpoints", 0) >= 0
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_sl_transfers_survive_random_crashes_exactly_once(tmp_path, mode):
+    records = 60
+    events = sl.generate(480, seed=7, records=records, theta=0.8, transfer_max=900)
+    batches = [events.slice(i, 8) for i in range(0, events.num_rows, 8)]
+    srv = EmbeddedServer(tmp_path / "data", durability=mode, extra_args=["--checkpoint-every", "0.4"]).start()
+    try:
+        with Client(srv.target) as c:
+            c.deploy(sl.deploy_script())
+            c.call("setup_sl", **sl.setup_params(records))
+        crash_loop(srv, sl.INPUT_STREAM, batches, seed=11)
+        expected = run_reference(sl, events, records)
+        with Client(srv.target) as c:
+            assert {n: c.query(q).fetchall() for n, q in sl.STATE_QUERIES.items()} == expected.tables
+            assert {n: c.query(q).fetchall() for n, q in sl.OUTPUT_QUERIES.items()} == expected.outputs
+    finally:
+        srv.close()
+
+
+def _server(data: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamtx", "serve", "--port", "0", "--data-dir", str(data), "--partitions", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _fill(data: Path) -> list[int]:
+    srv = EmbeddedServer(data, durability="strong").start()
+    with Client(srv.target, producer_id="p") as c:
+        c.deploy(
+            "CREATE TABLE t (k BIGINT); CREATE STREAM s (k BIGINT);"
+            "CREATE PROCEDURE p ON STREAM s AS BEGIN INSERT INTO t SELECT k FROM s; END;"
+        )
+        for i in range(1, 31):
+            assert c.push("s", pa.table({"k": pa.array([i], pa.int64())}), batch_id=i).result().ok
+    srv.kill()
+    return list(range(1, 31))
+
+
+def test_a_torn_last_record_is_dropped_and_the_rest_recovered(tmp_path):
+    data = tmp_path / "data"
+    keys = _fill(data)
+    segment = Path(sorted(glob.glob(str(data / "partition-0" / "log" / "*.seg")))[-1])
+    segment.write_bytes(segment.read_bytes()[:-7])  # the last record loses its end
+    srv = EmbeddedServer(data, durability="strong").start()
+    try:
+        with Client(srv.target, producer_id="p") as c:
+            recovered = [k for (k,) in c.query("SELECT k FROM t ORDER BY k").fetchall()]
+            assert recovered == keys[: len(recovered)] and len(recovered) >= len(keys) - 1
+            again = [c.push("s", pa.table({"k": pa.array([k], pa.int64())}), batch_id=k).result() for k in keys]
+            assert {r.outcome for r in again[: len(recovered)]} == {"duplicate"}
+            assert [k for (k,) in c.query("SELECT k FROM t ORDER BY k").fetchall()] == keys
+    finally:
+        srv.close()
+
+
+def test_a_flipped_byte_in_the_middle_refuses_to_start_naming_file_offset_and_lsn(tmp_path):
+    data = tmp_path / "data"
+    _fill(data)
+    segment = Path(sorted(glob.glob(str(data / "partition-0" / "log" / "*.seg")))[-1])
+    raw = bytearray(segment.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    segment.write_bytes(bytes(raw))
+    done = _server(data)
+    assert done.returncode != 0
+    assert "cannot recover" in done.stderr and segment.name in done.stderr
+    assert "offset" in done.stderr and "lsn" in done.stderr
+
+
+def test_recovery_starts_from_the_last_checkpoint_and_replays_only_after_it(tmp_path):
+    data = tmp_path / "data"
+    srv = EmbeddedServer(data, partitions=2, durability="weak", token="s3cret").start()
+    try:
+        with Client(srv.target, producer_id="p", token="s3cret") as c:
+            c.deploy(
+                "CREATE TABLE t (k BIGINT) PARTITION BY (k); CREATE STREAM s (k BIGINT) PARTITION BY (k);"
+                "CREATE PROCEDURE p ON STREAM s AS BEGIN INSERT INTO t SELECT k FROM s; END;"
+            )
+            for i in range(1, 31):
+                assert c.push("s", pa.table({"k": pa.array([i, i + 100], pa.int64())}), batch_id=i).result().ok
+            done = c.checkpoint()
+            assert [p["partition"] for p in done["partitions"]] == [0, 1]
+            assert all(Path(p["path"]).is_dir() for p in done["partitions"])
+            for i in range(31, 41):
+                assert c.push("s", pa.table({"k": pa.array([i, i + 100], pa.int64())}), batch_id=i).result().ok
+        with Client(srv.target) as anonymous, pytest.raises(Unauthenticated, match="Checkpoint is an admin verb"):
+            anonymous.checkpoint()
+        srv.kill()
+        srv.start()
+        with Client(srv.target, producer_id="p", token="s3cret") as c:
+            assert c.query("SELECT count(*), sum(k) FROM t").fetchall() == [(80, sum(range(1, 41)) * 2 + 4000)]
+            counters = c.status()["counters"]
+            replayed = sum(int(counters.get(f"partition{p}.recovered_records", 0)) for p in (0, 1))
+            assert 0 < replayed <= 10 * 2 + 2  # the batches after the checkpoint (some may split), nothing before
+            r = c.push("s", pa.table({"k": pa.array([5, 105], pa.int64())}), batch_id=5).result()
+            assert r.outcome == "duplicate"
+    finally:
+        srv.close()
