@@ -22,18 +22,25 @@ class VoterConfig:
     slide: int = 1
 
 
-MODES = ("dataflow", "client_ordered")
+MODES = ("dataflow", "client_ordered", "state")
 
 
 def deploy_script(config: VoterConfig = VoterConfig(), mode: str = "dataflow") -> str:
-    """schema.sql plus the procedures of one mode, with the window's size and slide filled in.
+    """The deploy script of one mode, with the window's size and slide filled in.
 
     `dataflow` is the S-Store way (streams, PE/EE triggers, a window);
-    `client_ordered` the H-Store way (OLTP procedures the client calls in order).
+    `client_ordered` the H-Store way (OLTP procedures the client calls in order);
+    both are schema.sql plus their procedures. `state` (state.sql, self-contained
+    because its leaderboard and window are keyed differently) runs vote and
+    leaderboard as state procedures, so `--executor opchain` can coalesce
+    1-vote batches into intervals; read its state with `state.QUERIES`.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
-    text = (HERE / "schema.sql").read_text() + "\n" + (HERE / f"{mode}.sql").read_text()
+    if mode == "state":
+        text = (HERE / "state.sql").read_text()
+    else:
+        text = (HERE / "schema.sql").read_text() + "\n" + (HERE / f"{mode}.sql").read_text()
     return text.replace("{window}", str(config.window)).replace("{slide}", str(config.slide))
 
 
