@@ -69,6 +69,7 @@ class Front:
         self.map = await asyncio.to_thread(
             PartitionMap.load_or_create, self.data_dir, self.config.partitions, self.map.bins
         )
+        self.map.owners(pa.array([0, None], pa.int64()))  # loads the hash's Arrow kernels now, not on a push
         await self.partitions.start()
         await self._recover()
         ddl = [s.sql for s in create_statements(self.catalog)]

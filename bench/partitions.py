@@ -1,0 +1,557 @@
+"""Partitioning: throughput at P = 1 vs P = 2 partitions, and what multi-partition transactions cost.
+
+Three measurements, each configuration on a fresh embedded server (started
+together at the beginning of every round, idle until their turn), interleaved
+for several rounds; each configuration reports its median round:
+
+- **sensors** (procedures/partitioned): a partition-friendly application. The
+  stream `readings` and every table its procedure writes are partitioned by
+  `sensor`; each batch (a few thousand readings) takes its sensors from one
+  partition, so at P = 2 the front sends it to that partition alone and both
+  workers run in parallel. P = 1 and P = 2 push *the same batches*. This pair
+  makes the `ratio` line: P = 2 over P = 1 batches/s (paired per round, the
+  median over rounds), target 1.6 on 2 cores.
+- **multi-partition cost**: at P = 2, a share of the batches (0 %, 10 %, 25 %,
+  50 %) takes half its rows from each partition; the front coordinates those
+  TE by TE with two-phase commit, holding every partition meanwhile.
+- **voter** (procedures/voter, WORKLOADS.md section 1) at P = 1 and P = 2. Its
+  leaderboard procedure reads and writes single (home-partition) tables, so at
+  P = 2 every batch is coordinated: partitioning makes it slower, and the line
+  says so.
+
+Every run is checked before its line is printed, or the verb fails: sensors
+runs against the expected row counts, sums and per-partition placement (and
+the number of coordinated batches), voter runs against the sequential
+reference implementation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import resource
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from .common import (
+    Measurement,
+    latency_summary,
+    median,
+    median_round,
+    note,
+    progress,
+    push_batches,
+    ratio_line,
+    round_sig,
+)
+
+if TYPE_CHECKING:
+    from streamtx.server.embedded import EmbeddedServer
+
+NAME = "partitions"
+DEFAULT_ROUNDS = 3
+QUICK_ROUNDS = 1  # seven servers per round; one round keeps --quick well under a minute
+P2_OVER_P1_TARGET = 1.6  # the partition-friendly workload on a 2-core machine
+DEFAULT_SHARES = (0.0, 0.10, 0.25, 0.50)
+# 50,000 sensors per partition at P = 2, so a batch rarely repeats a sensor: DuckDB's upsert
+# (INSERT ... ON CONFLICT DO UPDATE) took ~8x the CPU per batch when a 16,000-row batch named
+# each of 5,000 keys about 3 times, which would measure that quirk instead of partitioning.
+SENSORS = 100_000
+BATCH_ROWS = 4_000
+FULL_BATCHES, QUICK_BATCHES = 240, 40
+VOTER_BATCH = 100
+FULL_VOTER_BATCHES, QUICK_VOTER_BATCHES = 40, 10
+WARMUP_BATCHES = 4
+
+
+@dataclass(frozen=True)
+class Config:
+    """One measured setting: a workload on a fresh server with `partitions` partitions."""
+
+    workload: str  # sensors | voter
+    partitions: int
+    spanning_share: float = 0.0  # sensors: share of batches whose keys span both partitions
+
+    @property
+    def label(self) -> str:
+        span = f" {self.spanning_share:.0%} spanning" if self.workload == "sensors" and self.partitions > 1 else ""
+        return f"{self.workload} P={self.partitions}{span}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--batches",
+        type=int,
+        default=None,
+        help=f"sensor batches per configuration and round (default {FULL_BATCHES}, {QUICK_BATCHES} with --quick)",
+    )
+    parser.add_argument("--batch-rows", type=int, default=BATCH_ROWS, help="readings per sensor batch")
+    parser.add_argument("--sensors", type=int, default=SENSORS, help="distinct sensors (keys)")
+    parser.add_argument(
+        "--shares",
+        type=_shares,
+        default=DEFAULT_SHARES,
+        metavar="S,S,...",
+        help="shares of multi-partition batches at P = 2 (default 0,0.1,0.25,0.5; 0 is always measured)",
+    )
+    parser.add_argument(
+        "--voter-batches",
+        type=int,
+        default=None,
+        help=f"voter batches of {VOTER_BATCH} votes per configuration and round "
+        f"(default {FULL_VOTER_BATCHES}, {QUICK_VOTER_BATCHES} with --quick; 0 skips the voter)",
+    )
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=128,
+        help="PushStream window of the producer (default %(default)s)",
+    )
+
+
+def _shares(text: str) -> tuple[float, ...]:
+    try:
+        shares = {float(s) for s in text.split(",") if s.strip()}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}") from None
+    if any(not 0 <= s <= 1 for s in shares):
+        raise argparse.ArgumentTypeError("shares are between 0 and 1")
+    return tuple(sorted(shares | {0.0}))
+
+
+def configurations(shares: tuple[float, ...], voter: bool) -> list[Config]:
+    """Sensors at P = 1 and P = 2 (0 % spanning), the rest of the sweep, then the voter pair.
+
+    The first two are the pair of the ratio line; `run` relies on that order.
+    """
+    configs = [Config("sensors", 1), *(Config("sensors", 2, s) for s in shares)]
+    if voter:
+        configs += [Config("voter", 1), Config("voter", 2)]
+    return configs
+
+
+# -- CPU accounting (Linux /proc; None elsewhere) ------------------------------------
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds a process has used so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has spent busy (all cores, all processes) so far."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """CPU used by the front, each partition worker and this client over one timed run, and by everything else.
+
+    It shows where the time goes: for the comparison to mean anything the
+    workers must be the bottleneck, not the front or the client, which share
+    the two cores with them. `other_cores` is what the rest of the (shared)
+    machine took meanwhile, in cores: a P = 2 run can only use what is left.
+    """
+
+    def __init__(self, front_pid: int, partition_pids: list[int]) -> None:
+        self.pids = [front_pid, *partition_pids]
+        self.start = [_cpu_seconds(p) for p in self.pids]
+        self.own = _own_cpu_seconds()
+        self.machine = _machine_busy_seconds()
+        self.wall = time.perf_counter()
+
+    def per_batch_ms(self, batches: int) -> dict[str, Any]:
+        end = [_cpu_seconds(p) for p in self.pids]
+        own = _own_cpu_seconds() - self.own
+        machine = _machine_busy_seconds()
+        wall = time.perf_counter() - self.wall
+        used = [None if a is None or b is None else b - a for a, b in zip(self.start, end, strict=True)]
+        other = None
+        if machine is not None and self.machine is not None and None not in used and wall > 0:
+            other = max(0.0, (machine - self.machine - own - sum(u for u in used if u is not None)) / wall)
+        return {
+            "front": None if used[0] is None else round(used[0] * 1e3 / batches, 2),
+            "partitions": [None if u is None else round(u * 1e3 / batches, 2) for u in used[1:]],
+            "client": round(own * 1e3 / batches, 2),
+            "other_cores": None if other is None else round(other, 2),
+        }
+
+
+# -- the sensors workload ------------------------------------------------------------
+
+
+@dataclass
+class SensorsInput:
+    """One configuration's batches for one round, built before anything is timed."""
+
+    warmup: list[pa.Table]
+    batches: list[pa.Table]
+    spanning: int  # batches whose keys span partitions (coordinated at P = 2)
+
+
+def sensor_input(cfg: Config, rows: int, count: int, sensors: int, seed: int) -> SensorsInput:
+    """Batches aimed at the partitions of P = 2 (P = 1 takes the same ones: same rows, same work)."""
+    from streamtx.procedures.partitioned.app import BINS, sensor_batches
+    from streamtx.server.partitioning import PartitionMap
+
+    batches = sensor_batches(count, rows, sensors=sensors, partitions=2, spanning_share=cfg.spanning_share, seed=seed)
+    warmup = sensor_batches(WARMUP_BATCHES, rows, sensors=sensors, partitions=2, seed=seed + 1)
+    spanning = 0
+    if cfg.partitions > 1:
+        pmap = PartitionMap.round_robin(cfg.partitions, BINS)
+        spanning = sum(len(np.unique(pmap.owners(b.column("sensor")))) > 1 for b in batches)
+    return SensorsInput(warmup, batches, spanning)
+
+
+def prepare_sensors(target: str, sensors: int) -> None:
+    from streamtx.client import Client
+    from streamtx.procedures.partitioned.app import deploy_script, setup_params
+
+    with Client(target) as c:
+        c.deploy(deploy_script())
+        c.call("setup", **setup_params(sensors))
+
+
+def check_sensors(
+    target: str, partitions: int, pushed: list[pa.Table], coordinated: int, expected_coordinated: int
+) -> None:
+    """Raises unless the server holds exactly the pushed readings, each on the partition owning its sensor."""
+    from streamtx.client import Client
+    from streamtx.procedures.partitioned.app import BINS, CHECK_QUERY, expected_totals
+    from streamtx.server.partitioning import PartitionMap
+
+    want = expected_totals(pushed)
+    with Client(target) as c:
+        readings, value_sum, stats_readings, sensors = c.query(CHECK_QUERY).fetchall()[0]
+        counters = c.status()["counters"]
+    problems = []
+    if readings != want["readings"] or int(stats_readings) != want["readings"]:
+        problems.append(f"{readings} logged / {stats_readings} aggregated readings, expected {want['readings']}")
+    if not math.isclose(float(value_sum), want["value_sum"], rel_tol=1e-9):
+        problems.append(f"sum of values {value_sum}, expected {want['value_sum']}")
+    if sensors != want["sensors"]:
+        problems.append(f"{sensors} sensors aggregated, expected {want['sensors']}")
+    if partitions > 1:
+        owners = PartitionMap.round_robin(partitions, BINS).owners(
+            pa.chunked_array([b.column("sensor") for b in pushed])
+        )
+        for p in range(partitions):
+            held = counters.get(f"partition{p}.rows.reading_log", 0)
+            if held != int(np.sum(owners == p)):
+                problems.append(f"partition {p} holds {held} readings, expected {int(np.sum(owners == p))}")
+    if coordinated != expected_coordinated:
+        problems.append(f"{coordinated} batches coordinated, expected {expected_coordinated}")
+    if problems:
+        raise RuntimeError(f"bench {NAME}: sensors P={partitions} run is wrong: " + "; ".join(problems))
+
+
+def measure_sensors(srv: EmbeddedServer, cfg: Config, data: SensorsInput, max_in_flight: int, tag: str) -> Measurement:
+    """Untimed warm-up batches, then the timed pipelined push, then the check."""
+    from streamtx.client import Client
+
+    # The warm-up runs every path once (the front's first partitioned push imports code, DuckDB
+    # plans its first statements) so that the clock measures the steady state only.
+    asyncio.run(push_batches(srv.target, "readings", f"{tag}-warmup", data.warmup, what=f"bench {NAME} warm-up"))
+    with Client(srv.target) as c:
+        status = c.status()
+    before = status["counters"].get("coordinated", 0)
+    meter = CpuMeter(srv.proc.pid if srv.proc else 0, [p["pid"] for p in status["partitions"]])
+    m = asyncio.run(
+        push_batches(
+            srv.target, "readings", tag, data.batches, max_in_flight=max_in_flight, what=f"bench {NAME} {cfg.label}"
+        )
+    )
+    m.extra["cpu_ms_per_batch"] = cpu = meter.per_batch_ms(len(data.batches))
+    m.extra["other_cores"] = cpu.pop("other_cores")
+    with Client(srv.target) as c:
+        coordinated = c.status()["counters"].get("coordinated", 0) - before
+    check_sensors(srv.target, cfg.partitions, data.warmup + data.batches, coordinated, data.spanning)
+    m.extra["coordinated"] = coordinated
+    return m
+
+
+# -- the voter -----------------------------------------------------------------------
+
+
+def prepare_voter(target: str) -> None:
+    from streamtx.client import Client
+    from streamtx.procedures.voter.app import VoterConfig, deploy_script, setup_params
+
+    config = VoterConfig()
+    with Client(target) as c:
+        c.deploy(deploy_script(config, "dataflow"))
+        c.call("setup", **setup_params(config))
+
+
+def voter_input(count: int, seed: int) -> list[pa.Table]:
+    from streamtx.procedures.voter.app import generate_votes
+
+    votes = generate_votes(count * VOTER_BATCH, seed=seed, phones=max(10_000, count * VOTER_BATCH // 2))
+    return [votes.slice(i * VOTER_BATCH, VOTER_BATCH) for i in range(count)]
+
+
+def check_voter(target: str, partitions: int, batches: list[pa.Table]) -> None:
+    """Raises unless the final tables equal the sequential reference's (WORKLOADS.md section 1)."""
+    from streamtx.client import Client
+    from streamtx.procedures.voter.app import VoterConfig
+    from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
+
+    ref = VoterReference(VoterConfig())
+    for b in batches:
+        ref.process_batch(list(zip(*(b.column(c).to_pylist() for c in b.column_names), strict=True)))
+    expected = ref.tables()
+    with Client(target) as c:
+        for name, sql in SERVER_QUERIES.items():
+            got = c.query(sql).fetchall()
+            if got != expected[name]:
+                raise RuntimeError(
+                    f"bench {NAME}: voter P={partitions}: table {name} differs from the reference "
+                    f"({len(got)} rows, expected {len(expected[name])})"
+                )
+
+
+def measure_voter(
+    srv: EmbeddedServer, cfg: Config, batches: list[pa.Table], max_in_flight: int, tag: str
+) -> Measurement:
+    from streamtx.client import Client
+
+    with Client(srv.target) as c:
+        status = c.status()
+    before = status["counters"].get("coordinated", 0)
+    meter = CpuMeter(srv.proc.pid if srv.proc else 0, [p["pid"] for p in status["partitions"]])
+    m = asyncio.run(
+        push_batches(
+            srv.target, "votes_in", tag, batches, max_in_flight=max_in_flight, what=f"bench {NAME} {cfg.label}"
+        )
+    )
+    m.extra["cpu_ms_per_batch"] = cpu = meter.per_batch_ms(len(batches))
+    m.extra["other_cores"] = cpu.pop("other_cores")
+    with Client(srv.target) as c:
+        m.extra["coordinated"] = c.status()["counters"].get("coordinated", 0) - before
+    check_voter(srv.target, cfg.partitions, batches)
+    return m
+
+
+# -- the verb ------------------------------------------------------------------------
+
+
+def _start_servers(configs: list[Config], sensors: int) -> list[EmbeddedServer]:
+    """A fresh server per configuration, started and set up concurrently (idle until measured).
+
+    Starting them together takes a fraction of the time of one after another
+    (start-up is mostly waiting for child processes); an idle server uses no CPU.
+    """
+    from streamtx.server.embedded import EmbeddedServer
+
+    servers = [EmbeddedServer(partitions=cfg.partitions) for cfg in configs]
+
+    def start(i: int) -> None:
+        srv, cfg = servers[i], configs[i]
+        srv.start()
+        if cfg.workload == "sensors":
+            prepare_sensors(srv.target, sensors)
+        else:
+            prepare_voter(srv.target)
+
+    try:
+        with ThreadPoolExecutor(max_workers=len(servers)) as pool:
+            list(pool.map(start, range(len(servers))))
+    except BaseException:
+        _stop_servers(servers)
+        raise
+    return servers
+
+
+def _stop_servers(servers: list[EmbeddedServer]) -> None:
+    with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+        list(pool.map(lambda s: s.close(), servers))
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    sensor_count = args.batches or (QUICK_BATCHES if args.quick else FULL_BATCHES)
+    voter_count = (
+        args.voter_batches
+        if args.voter_batches is not None
+        else (QUICK_VOTER_BATCHES if args.quick else FULL_VOTER_BATCHES)
+    )
+    configs = configurations(args.shares, voter_count > 0)
+    run_id = uuid.uuid4().hex[:8]
+    results: list[list[Measurement]] = [[] for _ in configs]
+    with progress(args.quiet) as bar:
+        task = bar.add_task(f"bench {NAME}", total=len(configs) * args.rounds)
+        for r in range(args.rounds):
+            # Inputs first, untimed. Sensors P = 1 and P = 2 (0 %) share a seed: the same batches, so
+            # the same rows and the same work; only the partition count differs. Both voter servers
+            # get the same votes too (each checked against the sequential reference).
+            inputs: list[Any] = []
+            for cfg in configs:
+                if cfg.workload == "sensors":
+                    seed = 1_000 * r + round(cfg.spanning_share * 100)
+                    inputs.append(sensor_input(cfg, args.batch_rows, sensor_count, args.sensors, seed))
+                else:
+                    inputs.append(voter_input(voter_count, seed=11 + r))
+            bar.update(task, description=f"{NAME} round {r + 1}/{args.rounds}: starting {len(configs)} servers")
+            servers = _start_servers(configs, args.sensors)
+            try:
+                for i, cfg in enumerate(configs):
+                    bar.update(task, description=f"{NAME} {cfg.label} round {r + 1}/{args.rounds}")
+                    tag = f"bench-{NAME}-{run_id}-r{r}-{i}"
+                    if cfg.workload == "sensors":
+                        m = measure_sensors(servers[i], cfg, inputs[i], args.max_in_flight, tag)
+                    else:
+                        m = measure_voter(servers[i], cfg, inputs[i], args.max_in_flight, tag)
+                    results[i].append(m)
+                    bar.advance(task)
+                    bar.print(f"{cfg.label} round {r + 1}: {m.per_s:,.1f} batches/s")
+            finally:
+                _stop_servers(servers)
+    lines = [_line(cfg, rounds, args, sensor_count, voter_count) for cfg, rounds in zip(configs, results, strict=True)]
+    _relative(lines)
+    p1 = _find(lines, workload="sensors", partitions=1)
+    p2 = _find(lines, workload="sensors", partitions=2, spanning_share=0.0)
+    # Paired per round: P = 1 and P = 2 run back to back on the same batches, so a change in what the
+    # rest of the shared machine does between rounds hits both; the claim is the median pair.
+    pairs = [b.per_s / a.per_s for a, b in zip(results[0], results[1], strict=True)]
+    ratio = median(pairs)
+    note(f"bench {NAME}: sensors P=2 / P=1 = {ratio:.2f} (target {P2_OVER_P1_TARGET}); every run checked", args.quiet)
+    lines.append(
+        ratio_line(
+            NAME,
+            ratio,
+            P2_OVER_P1_TARGET,
+            f"batches/s of the sensors workload at P = 2 ({args.batch_rows}-row batches, each on one partition)",
+            "batches/s of the same batches at P = 1 in the same round (median over rounds of the per-round ratio)",
+            workload="sensors",
+            numerator_value=p2["batches_per_s"],
+            denominator_value=p1["batches_per_s"],
+            ratio_rounds=[round(x, 3) for x in pairs],
+            other_cores_rounds=[
+                [a.extra["other_cores"], b.extra["other_cores"]] for a, b in zip(results[0], results[1], strict=True)
+            ],
+        )
+    )
+    return lines
+
+
+def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, sensors: int, votes: int) -> dict[str, Any]:
+    m = median_round(rounds, key=lambda x: x.per_s)
+    rows = args.batch_rows if cfg.workload == "sensors" else VOTER_BATCH
+    batches = sensors if cfg.workload == "sensors" else votes
+    line: dict[str, Any] = {
+        "benchmark": NAME,
+        "workload": cfg.workload,
+        "partitions": cfg.partitions,
+    }
+    if cfg.workload == "sensors":
+        line["spanning_share"] = cfg.spanning_share
+    line.update(
+        {
+            "batch_rows": rows,
+            "batches": batches,
+            "batches_per_s": round_sig(m.per_s),
+            "rows_per_s": round_sig(m.per_s * rows),
+            "latency_ms": latency_summary(m.latencies),
+            "rounds": len(rounds),
+            "batches_per_s_rounds": [round_sig(x.per_s) for x in rounds],
+            "coordinated_batches": m.extra["coordinated"],
+            "cpu_ms_per_batch": m.extra["cpu_ms_per_batch"],
+            "other_cores": m.extra["other_cores"],  # CPU the rest of the shared machine used meanwhile
+            "checked": True,  # every round passed its check (a failed check stops the verb)
+            "max_in_flight": args.max_in_flight,
+            "load_1m": m.extra.get("load_1m"),
+        }
+    )
+    return line
+
+
+def _relative(lines: list[dict[str, Any]]) -> None:
+    """Adds each P = 2 line's throughput relative to its P = 1 line / the 0 % spanning line."""
+    local = _find(lines, workload="sensors", partitions=2, spanning_share=0.0)["batches_per_s"]
+    for line in lines:
+        if line["workload"] == "sensors" and line["partitions"] == 2:
+            line["vs_all_local"] = round(line["batches_per_s"] / local, 3)
+    for workload in ("sensors", "voter"):
+        try:
+            one = _find(lines, workload=workload, partitions=1)["batches_per_s"]
+            two = _find(lines, workload=workload, partitions=2, spanning_share=0.0 if workload == "sensors" else None)
+        except KeyError:
+            continue
+        two["vs_p1"] = round(two["batches_per_s"] / one, 3)
+
+
+def _find(lines: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
+    for line in lines:
+        if all(line.get(k) == v for k, v in match.items()):
+            return line
+    raise KeyError(match)
+
+
+def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """Left: batches/s at P = 1 vs P = 2 per workload. Right: the sensors throughput as batches span partitions."""
+    from .common import _pyplot
+
+    plt = _pyplot()
+    path = Path(path)
+    lines = [r for r in records if "workload" in r and "batches_per_s" in r]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    groups = [w for w in ("sensors", "voter") if any(r["workload"] == w for r in lines)]
+    x = np.arange(len(groups))
+    for i, p in enumerate((1, 2)):
+        ys = []
+        for w in groups:
+            match = [r for r in lines if r["workload"] == w and r["partitions"] == p and not r.get("spanning_share")]
+            ys.append(match[0]["batches_per_s"] if match else np.nan)
+        bars = left.bar(x + (i - 0.5) * 0.38, ys, 0.38, label=f"P = {p}")
+        left.bar_label(bars, labels=["" if np.isnan(y) else f"{y:.3g}" for y in ys], fontsize=8, padding=1)
+    ratio = next((r for r in records if "ratio" in r), None)
+    names = {"sensors": "sensors (partition-friendly)", "voter": "voter (coordinated at P = 2)"}
+    left.set_xticks(x, [names[w] for w in groups])
+    left.set_ylabel("input batches/s (median round)")
+    title = "P = 1 vs P = 2 partitions"
+    if ratio is not None and ratio.get("ratio") is not None:
+        title += f" (sensors P2/P1 = {ratio['ratio']:.2f}x)"
+    left.set_title(title)
+    left.grid(axis="y", alpha=0.3)
+    left.legend(fontsize=8)
+    sweep = sorted(
+        (r for r in lines if r["workload"] == "sensors" and r["partitions"] == 2), key=lambda r: r["spanning_share"]
+    )
+    if sweep:
+        xs = [100 * r["spanning_share"] for r in sweep]
+        right.plot(xs, [r["batches_per_s"] for r in sweep], marker="o", label="P = 2")
+        p1 = [r for r in lines if r["workload"] == "sensors" and r["partitions"] == 1]
+        if p1:
+            right.axhline(p1[0]["batches_per_s"], color="gray", linestyle="--", label="P = 1, all local")
+        right.set_ylim(bottom=0)
+        right.set_xlabel("multi-partition batches (% of all, coordinated by two-phase commit)")
+        right.set_ylabel("input batches/s (median round)")
+        right.set_title("Cost of multi-partition transactions (sensors, P = 2)")
+        right.grid(alpha=0.3)
+        right.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,1 @@
+"""Partition-friendly applications: every batch's work stays on the partition owning its keys."""
