@@ -64,7 +64,7 @@ def _recovery_time(mode: str, n: int, batches: int, tmp: Path) -> dict[str, floa
     from streamtx.server.embedded import EmbeddedServer
 
     data = tmp / f"recovery-{mode}-{n}"
-    srv = EmbeddedServer(data, durability=mode).start()
+    srv = EmbeddedServer(data, durability=mode, startup_timeout=1800).start()
     try:
         with Client(srv.target) as c:
             c.deploy(pe_script(n))
