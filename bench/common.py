@@ -79,6 +79,27 @@ def ratio_line(
     }
 
 
+def find_line(lines: Sequence[Mapping[str, Any]], **match: Any) -> Any:
+    """The first output line whose keys equal `match` (KeyError naming `match` if none)."""
+    for line in lines:
+        if all(line.get(k) == v for k, v in match.items()):
+            return line
+    raise KeyError(match)
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`--batch-sizes 1,100,10000`: distinct positive sizes, ascending (an argparse type)."""
+    import argparse
+
+    try:
+        sizes = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if not sizes or sizes[0] < 1:
+        raise argparse.ArgumentTypeError("batch sizes must be >= 1")
+    return sizes
+
+
 def round_sig(x: float, digits: int = 4) -> float:
     """`x` rounded to `digits` significant digits (for readable JSON lines)."""
     if x == 0 or not math.isfinite(x):

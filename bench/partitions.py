@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from .common import (
     Measurement,
+    find_line,
     latency_summary,
     median,
     median_round,
@@ -429,8 +430,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 _stop_servers(servers)
     lines = [_line(cfg, rounds, args, sensor_count, voter_count) for cfg, rounds in zip(configs, results, strict=True)]
     _relative(lines)
-    p1 = _find(lines, workload="sensors", partitions=1)
-    p2 = _find(lines, workload="sensors", partitions=2, spanning_share=0.0)
+    p1 = find_line(lines, workload="sensors", partitions=1)
+    p2 = find_line(lines, workload="sensors", partitions=2, spanning_share=0.0)
     # Paired per round: P = 1 and P = 2 run back to back on the same batches, so a change in what the
     # rest of the shared machine does between rounds hits both; the claim is the median pair.
     pairs = [b.per_s / a.per_s for a, b in zip(results[0], results[1], strict=True)]
@@ -488,24 +489,19 @@ def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, sens
 
 def _relative(lines: list[dict[str, Any]]) -> None:
     """Adds each P = 2 line's throughput relative to its P = 1 line / the 0 % spanning line."""
-    local = _find(lines, workload="sensors", partitions=2, spanning_share=0.0)["batches_per_s"]
+    local = find_line(lines, workload="sensors", partitions=2, spanning_share=0.0)["batches_per_s"]
     for line in lines:
         if line["workload"] == "sensors" and line["partitions"] == 2:
             line["vs_all_local"] = round(line["batches_per_s"] / local, 3)
     for workload in ("sensors", "voter"):
         try:
-            one = _find(lines, workload=workload, partitions=1)["batches_per_s"]
-            two = _find(lines, workload=workload, partitions=2, spanning_share=0.0 if workload == "sensors" else None)
+            one = find_line(lines, workload=workload, partitions=1)["batches_per_s"]
+            two = find_line(
+                lines, workload=workload, partitions=2, spanning_share=0.0 if workload == "sensors" else None
+            )
         except KeyError:
             continue
         two["vs_p1"] = round(two["batches_per_s"] / one, 3)
-
-
-def _find(lines: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
-    for line in lines:
-        if all(line.get(k) == v for k, v in match.items()):
-            return line
-    raise KeyError(match)
 
 
 def plot(records: list[dict[str, Any]], path: str | Path) -> Path:

@@ -31,10 +31,12 @@ from streamtx.server.config import EXECUTORS
 
 from .common import (
     Measurement,
+    find_line,
     interleave,
     latency_summary,
     median_round,
     note,
+    parse_sizes,
     plot_bars,
     progress,
     push_batches,
@@ -73,7 +75,7 @@ class Config:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-sizes",
-        type=_sizes,
+        type=parse_sizes,
         default=DEFAULT_SIZES,
         metavar="N,N,...",
         help=f"rows per atomic batch, comma-separated (default {','.join(map(str, DEFAULT_SIZES))})",
@@ -102,16 +104,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=100,
         help="batches the server keeps on the unconsumed stream (default %(default)s)",
     )
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError("batch sizes must be >= 1")
-    return sizes
 
 
 def batches_for(rows: int, quick: bool) -> int:
@@ -173,21 +165,14 @@ def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace) -> d
     }
 
 
-def _find(lines: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
-    for line in lines:
-        if all(line.get(k) == v for k, v in match.items()):
-            return line
-    raise KeyError(match)
-
-
 def ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The two ratio lines over the configuration lines."""
     sizes = sorted({line["batch_rows"] for line in lines})
     big, small = sizes[-1], sizes[0]
-    arrow = _find(lines, encoding="arrow", rpc="stream", batch_rows=big)
-    proto = _find(lines, encoding="protobuf", rpc="stream", batch_rows=big)
-    stream = _find(lines, encoding="arrow", rpc="stream", batch_rows=small)
-    unary = _find(lines, encoding="arrow", rpc="unary", batch_rows=small)
+    arrow = find_line(lines, encoding="arrow", rpc="stream", batch_rows=big)
+    proto = find_line(lines, encoding="protobuf", rpc="stream", batch_rows=big)
+    stream = find_line(lines, encoding="arrow", rpc="stream", batch_rows=small)
+    unary = find_line(lines, encoding="arrow", rpc="unary", batch_rows=small)
     return [
         ratio_line(
             NAME,
@@ -265,7 +250,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
             values: list[float | None] = []
             for n in sizes:
                 try:
-                    values.append(_find(lines, encoding=enc, rpc=rpc, batch_rows=n)["rows_per_s"])
+                    values.append(find_line(lines, encoding=enc, rpc=rpc, batch_rows=n)["rows_per_s"])
                 except KeyError:
                     values.append(None)
             series[label] = values

@@ -25,6 +25,7 @@ import pyarrow as pa
 from .common import (
     Measurement,
     Stopwatch,
+    find_line,
     interleave,
     latency_summary,
     median_round,
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 srv.close()
 
     def value(measure: str, mode: str, n: int, key: str) -> float:
-        return next(x[key] for x in lines if x["measure"] == measure and x["durability"] == mode and x["n"] == n)
+        return find_line(lines, measure=measure, durability=mode, n=n)[key]
 
     top = max(ns)
     lines.append(

@@ -37,10 +37,12 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, Data
 
 from .common import (
     Measurement,
+    find_line,
     interleave,
     latency_summary,
     median_round,
     note,
+    parse_sizes,
     plot_bars,
     progress,
     ratio_line,
@@ -107,7 +109,7 @@ class Config:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--batch-sizes",
-        type=_sizes,
+        type=parse_sizes,
         default=None,
         metavar="N,N,...",
         help=f"rows per micro-batch (default {','.join(map(str, DEFAULT_SIZES))}; "
@@ -120,16 +122,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="micro-batches (input files) per configuration and round (default: from the size; fewer with --quick)",
     )
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        sizes = tuple(sorted({int(s) for s in text.split(",") if s.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
-    if not sizes or sizes[0] < 1:
-        raise argparse.ArgumentTypeError("batch sizes must be >= 1")
-    return sizes
 
 
 def files_for(rows: int, quick: bool) -> int:
@@ -209,18 +201,11 @@ def _line(cfg: Config, rounds: list[Measurement]) -> dict[str, Any]:
     return line
 
 
-def _find(lines: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
-    for line in lines:
-        if all(line.get(k) == v for k, v in match.items()):
-            return line
-    raise KeyError(match)
-
-
 def ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """streamtx rows/s over noop rows/s, per micro-batch size, largest first; then over python_noop."""
     out = []
     for n in sorted({line["batch_rows"] for line in lines}, reverse=True):
-        ours, noop = _find(lines, sink="streamtx", batch_rows=n), _find(lines, sink="noop", batch_rows=n)
+        ours, noop = find_line(lines, sink="streamtx", batch_rows=n), find_line(lines, sink="noop", batch_rows=n)
         out.append(
             ratio_line(
                 NAME,
@@ -234,7 +219,7 @@ def ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         )
     n = max(line["batch_rows"] for line in lines)
-    ours, py = _find(lines, sink="streamtx", batch_rows=n), _find(lines, sink="python_noop", batch_rows=n)
+    ours, py = find_line(lines, sink="streamtx", batch_rows=n), find_line(lines, sink="python_noop", batch_rows=n)
     out.append(
         ratio_line(
             NAME,
@@ -303,7 +288,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         "noop": "noop (Spark's ceiling)",
         "python_noop": "python_noop (Python data source ceiling)",
     }
-    series = {labels[sink]: [_find(lines, sink=sink, batch_rows=n)["rows_per_s"] for n in sizes] for sink in SINKS}
+    series = {labels[sink]: [find_line(lines, sink=sink, batch_rows=n)["rows_per_s"] for n in sizes] for sink in SINKS}
     return plot_bars(
         path,
         [f"{n:,} rows/micro-batch" for n in sizes],
