@@ -103,7 +103,6 @@ def test_voter_survives_random_crashes_exactly_once(tmp_path, mode, partitions):
             assert c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall() == sorted(
                 ref.rejected
             )
-            assert c.status()["counters"].get("checkpoints", 0) >= 0
     finally:
         srv.close()
 

@@ -24,12 +24,10 @@ import pyarrow as pa
 
 from streamtx.errors import error_for
 from streamtx.server.catalog.placement import EVERYWHERE, PARTITIONED, SINGLE
-from streamtx.server.front.partitions import checked
+from streamtx.server.front.partitions import HOME, checked
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
-
-HOME = 0
 
 
 @dataclass

@@ -26,6 +26,8 @@ from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import encode, read_frame
 
 Reply = tuple[dict[str, Any], list[pa.Table]]
+HOME = 0
+"""The home partition: single tables, windows of single procedures, and the DONE log live there."""
 
 
 class Partition:

@@ -21,12 +21,10 @@ from sqlglot import exp
 from streamtx.errors import InvalidArgument
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED
-from streamtx.server.front.partitions import Reply
+from streamtx.server.front.partitions import HOME, Reply
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
-
-HOME = 0
 
 
 async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:

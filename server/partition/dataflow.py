@@ -274,16 +274,21 @@ class Dataflow:
         eng.con.execute("BEGIN")
         try:
             _, stored, _, _ = self.run_specs(ts, specs, tables, params)
-            if mark is not None:
-                eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
-            eng.state.flush()
-            eng.con.execute("COMMIT")
+            self._commit_with_mark(ts, mark, stored)
         except BaseException:
             self._rollback(saved)
             raise
+        eng.last_ts = max(eng.last_ts, ts)
+
+    def _commit_with_mark(self, ts: int, mark: Any, stored: set[str]) -> None:
+        """Commits the open DuckDB transaction with the batch's dedup mark (if any) and stored outputs."""
+        eng = self.engine
+        if mark is not None:
+            eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
+        eng.state.flush()
+        eng.con.execute("COMMIT")
         if mark is not None:
             eng.marks[(mark[0], mark[1])] = mark[2]
-        eng.last_ts = max(eng.last_ts, ts)
         self._keep({s: [ts] for s in stored})
 
     def decide(self, h: dict[str, Any]) -> dict[str, Any]:
@@ -291,16 +296,9 @@ class Dataflow:
         eng = self.engine
         ts = h["ts"]
         if h["commit"] and self._open:
-            mark = h.get("mark")
-            if mark is not None:
-                eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
-            eng.state.flush()
-            eng.con.execute("COMMIT")
-            if mark is not None:
-                eng.marks[(mark[0], mark[1])] = mark[2]
-            self._keep({s: [ts] for s in self._open_stored})
+            self._commit_with_mark(ts, h.get("mark"), self._open_stored)
             if self.journal is not None:
-                self.journal.fragments(ts, self._open_specs, self._open_params, mark)
+                self.journal.fragments(ts, self._open_specs, self._open_params, h.get("mark"))
         elif self._open:
             self._rollback(self._open_windows)
         self._open = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -26,7 +27,6 @@ import pyarrow as pa
 
 from streamtx.errors import FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog
-from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.ipc import Frame, SocketFrames
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -38,6 +38,7 @@ PR_SET_PDEATHSIG = 1
 WAKE_OP = "__wake__"  # inbox marker: the command log made more records durable
 CHECKPOINTED_OP = "__checkpointed__"  # inbox marker: the checkpoint writer finished
 WAKE: Frame = ({"op": WAKE_OP}, [])
+KEEP_UNRELEASED = 1_000  # checkpoints written but not yet known complete on every partition
 LOGGED_OPS = frozenset({"reject", "call", "install", "decide", "done"})
 """Commands whose effects are logged: answered only once durable (pushes too, via `_pushes`)."""
 
@@ -208,7 +209,8 @@ class Worker:
         def write() -> None:
             done: dict[str, Any] = {"op": CHECKPOINTED_OP, "request": header["id"], "lsn": snap.lsn, "ts": snap.ts}
             try:
-                done["path"] = str(snap.write(target, meta=meta, keep=2, log=self.journal.log))
+                # pruned at `release`, not here: the last checkpoint every partition wrote must stay
+                done["path"] = str(snap.write(target, meta=meta, keep=KEEP_UNRELEASED, log=self.journal.log))
             except Exception as e:  # reported to the caller; the previous checkpoint stays in use
                 done["error"] = f"{type(e).__name__}: {e}"
             self.inbox.put((done, []))
@@ -256,7 +258,7 @@ class Worker:
             batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
             return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
         if op == "install":
-            if h.get("startup") and eng.catalog.version == Catalog.from_json(h["catalog"]).version:
+            if h.get("startup") and eng.catalog.version == json.loads(h["catalog"]).get("version", 0):
                 if eng.catalog.version or not h["ddl"]:
                     return {}, []  # recovered already
             eng.install(h["catalog"], h["ddl"], h.get("map"))
@@ -268,6 +270,7 @@ class Worker:
         if op == "release":  # every partition wrote checkpoint ts: older log records are not needed
             lsn = self.written.pop(h["ts"], None)
             if lsn is not None:
+                checkpoints.drop_older(self.data_dir / "checkpoints", h["ts"])
                 self.journal.log.truncate_before(lsn + 1)
             return {}, []
         if op == "recovery_info":
