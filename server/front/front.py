@@ -29,9 +29,9 @@ from streamtx.server.catalog.placement import COORDINATED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import scatter
-from streamtx.server.front.coordinator import HOME, Coordinator
+from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
-from streamtx.server.front.partitions import Partitions, Reply, checked
+from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.partitioning import PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
@@ -84,9 +84,12 @@ class Front:
 
         The checkpoint is the newest one every partition completed (one
         interrupted anywhere is never used); coordinated commands count as
-        finished only if the home partition logged their DONE record.
+        finished only if the home partition logged their DONE record, which
+        names them by timestamp: so timestamps continue after the highest one
+        any log holds, skipped commands included, and are never given twice.
         """
         infos = [r for r, _ in await self.partitions.broadcast({"op": "recovery_info"})]
+        self.sequencer.last_ts = max([self.sequencer.last_ts, *(i["last_ts"] for i in infos)])
         common = set.intersection(*(set(i["checkpoints"]) for i in infos)) if infos else set()
         chosen = max(common) if common else None
         await self.partitions.broadcast({"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]})

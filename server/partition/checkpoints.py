@@ -11,11 +11,13 @@ partition map and the last timestamp, which travel in the checkpoint's meta.
 from __future__ import annotations
 
 import collections
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
+from streamtx.recovery.checkpoint import list_checkpoints
 from streamtx.server.catalog.catalog import Catalog, create_statements
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 
@@ -56,6 +58,13 @@ def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) 
             engine.retained[stream] = collections.deque(b for (b,) in ids)
 
 
-def directory(data_dir: Path, partition: int) -> Path:
-    """Where partition `partition` keeps its log and checkpoints."""
-    return data_dir / f"partition-{partition}"
+def checkpoint_ts(path: Path) -> int:
+    """The global timestamp a checkpoint directory (`ckpt-<ts>`) was taken at."""
+    return int(path.name.split("-")[1])
+
+
+def drop_older(directory: Path, ts: int) -> None:
+    """Deletes the checkpoints older than `ts`, which every partition has written (recovery never needs them)."""
+    for path in list_checkpoints(directory):
+        if checkpoint_ts(path) < ts:
+            shutil.rmtree(path, ignore_errors=True)

@@ -44,6 +44,7 @@ from streamtx.recovery import (
 )
 from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
+from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 
 if TYPE_CHECKING:
     from streamtx.server.partition.dataflow import Dataflow, Outcome, Push, _Run
@@ -123,13 +124,17 @@ class Journal:
     def recovery_info(self, data_dir: Path | None) -> dict[str, Any]:
         """What the front needs to choose a consistent recovery: complete checkpoints, finished commands."""
         if data_dir is None:
-            return {"checkpoints": [], "done": []}
-        ckpts = [int(p.name.split("-")[1]) for p in list_checkpoints(data_dir / "checkpoints")]
+            return {"checkpoints": [], "done": [], "last_ts": 0}
+        ckpts = [checkpoint_ts(p) for p in list_checkpoints(data_dir / "checkpoints")]
         done = []
+        last_ts = max(ckpts, default=0)
         log_dir = data_dir / "log"
         if log_dir.exists():
-            done = [r.ts for r in LogReader(log_dir).records() if r.kind == DONE]
-        return {"checkpoints": ckpts, "done": done}
+            for r in LogReader(log_dir).records():
+                last_ts = max(last_ts, r.ts)
+                if r.kind == DONE:
+                    done.append(r.ts)
+        return {"checkpoints": ckpts, "done": done, "last_ts": last_ts}
 
     def recover(
         self,
@@ -146,7 +151,6 @@ class Journal:
         finished everywhere (`done`, from the home partition's log): one that a
         crash cut short was never acknowledged, and its producer re-sends it.
         """
-        from streamtx.server.partition.checkpoints import restore
         from streamtx.server.partition.dataflow import Push
 
         started = time.monotonic()
