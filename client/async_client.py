@@ -4,7 +4,11 @@ Pushes are pipelined over ONE long-lived bidirectional `PushStream` call, becaus
 a round trip per batch caps ingest at a few thousand batches per second (see
 DESIGN.md, "Facts"). Each batch is acknowledged by an ack naming it; a future
 per batch resolves when its ack arrives. A window of `max_in_flight` admitted
-but unacknowledged batches bounds memory on both ends. When the stream breaks,
+but unacknowledged batches bounds memory on both ends. Batches queued while a
+write is under way leave together, in one message of several batches (their
+ids consecutive, each still its own atomic batch with its own ack), so a
+producer of many small batches pays gRPC's and Arrow's per-message cost once
+per message, not once per batch. When the stream breaks,
 unacknowledged batches are re-sent with the same batch ids: the server's
 exactly-once dedup turns any that were already applied into DUPLICATE acks.
 """
@@ -34,6 +38,10 @@ from .results import DeployResult, PushResult, Result
 
 DEFAULT_TARGET = "127.0.0.1:7411"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+PACK_MAX_BATCHES = 1024
+"""Batches packed into one PushStream message at most."""
+PACK_MAX_BYTES = 1 << 20
+"""Arrow bytes packed into one message at most (a larger batch travels alone)."""
 
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_MAX_S = 5.0
@@ -120,9 +128,14 @@ def _mapped(e: grpc.aio.AioRpcError) -> errors.StreamTxError:
 class _InFlight:
     """One admitted, unacknowledged batch: what to (re-)send and whom to tell."""
 
-    request: pb.PushRequest
+    stream: str
+    batch_id: int
+    table: pa.Table
     future: asyncio.Future[PushResult]
-    rows: int
+
+    @property
+    def rows(self) -> int:
+        return self.table.num_rows
 
 
 class AsyncClient:
@@ -164,7 +177,7 @@ class AsyncClient:
         self._seq = itertools.count()
         self._inflight: dict[int, _InFlight] = {}  # send order = insertion order
         self._by_key: dict[BatchKey, collections.deque[int]] = {}
-        self._sendq: asyncio.Queue[pb.PushRequest | None] | None = None
+        self._sendq: asyncio.Queue[int | None] | None = None  # seqs of _inflight to send
         self._pipe_task: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -338,33 +351,27 @@ class AsyncClient:
         mapped StreamTxError (Unavailable for transport failures).
         """
         self._ensure_stub()
-        data, nrows = self._encode(rows)
+        table = to_table(rows)
         if self._window is None:
             self._window = asyncio.Semaphore(self.max_in_flight)
         await self._window.acquire()
         if self._closed:
             self._window.release()
             raise errors.FailedPrecondition("client is closed")
-        req = pb.PushRequest(
-            stream=stream,
-            producer_id=self.producer_id,
-            batch_id=self._batch_id(stream, batch_id),
-            data=data,
-        )
-        fut: asyncio.Future[PushResult] = asyncio.get_running_loop().create_future()
+        entry = _InFlight(stream, self._batch_id(stream, batch_id), table, asyncio.get_running_loop().create_future())
         seq = next(self._seq)
-        self._inflight[seq] = _InFlight(req, fut, nrows)
-        key: BatchKey = (req.stream, req.producer_id, req.batch_id)
+        self._inflight[seq] = entry
+        key: BatchKey = (stream, self.producer_id, entry.batch_id)
         self._by_key.setdefault(key, collections.deque()).append(seq)
-        fut.add_done_callback(lambda _f, seq=seq, key=key: self._forget(seq, key))
+        entry.future.add_done_callback(lambda _f, seq=seq, key=key: self._forget(seq, key))
         if self._pipe_task is None or self._pipe_task.done():
             self._sendq = asyncio.Queue()
             self._pipe_task = asyncio.get_running_loop().create_task(self._run_pipe(), name="streamtx-push-stream")
             # _run_pipe (re-)sends everything in self._inflight, including this batch.
         else:
             assert self._sendq is not None
-            self._sendq.put_nowait(req)
-        return fut
+            self._sendq.put_nowait(seq)
+        return entry.future
 
     @property
     def in_flight(self) -> int:
@@ -406,18 +413,18 @@ class AsyncClient:
         return entry
 
     def _on_ack(self, ack: pb.PushAck) -> None:
-        key: BatchKey = (ack.stream, ack.producer_id, ack.batch_id)
-        seqs = self._by_key.get(key)
-        if not seqs:
-            return  # not ours (or already settled): nothing waits for it
-        entry = self._forget(seqs[0], key)
-        if entry is not None and not entry.future.done():
-            entry.future.set_result(PushResult.from_ack(ack, rows=entry.rows))
+        for i in range(max(ack.count, 1)):
+            key: BatchKey = (ack.stream, ack.producer_id, ack.batch_id + i)
+            seqs = self._by_key.get(key)
+            if not seqs:
+                continue  # not ours (or already settled): nothing waits for it
+            entry = self._forget(seqs[0], key)
+            if entry is not None and not entry.future.done():
+                entry.future.set_result(PushResult.from_ack(ack, rows=entry.rows, index=i))
 
     def _fail_all(self, exc: BaseException) -> None:
         for seq, entry in list(self._inflight.items()):
-            req = entry.request
-            self._forget(seq, (req.stream, req.producer_id, req.batch_id))
+            self._forget(seq, (entry.stream, self.producer_id, entry.batch_id))
             if not entry.future.done():
                 entry.future.set_exception(exc)
                 # Mark retrieved: a caller may drop futures it does not care about.
@@ -428,9 +435,9 @@ class AsyncClient:
         failures = 0
         while not self._closed:
             stub = self._ensure_stub()
-            queue: asyncio.Queue[pb.PushRequest | None] = asyncio.Queue()
-            for entry in self._inflight.values():
-                queue.put_nowait(entry.request)
+            queue: asyncio.Queue[int | None] = asyncio.Queue()
+            for seq in self._inflight:
+                queue.put_nowait(seq)
             self._sendq = queue  # from here on, push() enqueues for this call
             call = stub.PushStream(metadata=self._metadata)
             writer = asyncio.get_running_loop().create_task(self._write(call, queue))
@@ -486,13 +493,53 @@ class AsyncClient:
                 return _mapped(e)
         return None
 
-    @staticmethod
-    async def _write(call: Any, queue: asyncio.Queue[pb.PushRequest | None]) -> None:
-        """The single writer of one call (gRPC allows one outstanding write)."""
+    async def _write(self, call: Any, queue: asyncio.Queue[int | None]) -> None:
+        """The single writer of one call (gRPC allows one outstanding write).
+
+        Takes everything queued while the previous write was under way, so
+        a busy producer's batches leave packed, several to a message.
+        """
         with contextlib.suppress(Exception):
             while True:
-                req = await queue.get()
-                if req is None:
+                seqs = [await queue.get()]
+                while seqs[-1] is not None and not queue.empty() and len(seqs) < PACK_MAX_BATCHES:
+                    seqs.append(queue.get_nowait())
+                closing = seqs[-1] is None
+                entries = [e for seq in seqs if seq is not None and (e := self._inflight.get(seq)) is not None]
+                for request in self._messages(entries):
+                    await call.write(request)
+                if closing:
                     await call.done_writing()
                     return
-                await call.write(req)
+
+    def _messages(self, entries: list[_InFlight]) -> list[pb.PushRequest]:
+        """Requests for batches in send order; runs of one stream with consecutive ids share a message."""
+        runs: list[list[_InFlight]] = []
+        size = 0
+        for e in entries:
+            last = runs[-1][-1] if runs else None
+            if (
+                last is not None
+                and self.arrow
+                and e.stream == last.stream
+                and e.batch_id == last.batch_id + 1
+                and size + e.table.nbytes <= PACK_MAX_BYTES
+                and e.table.schema.equals(last.table.schema)
+            ):
+                runs[-1].append(e)
+                size += e.table.nbytes
+            else:
+                runs.append([e])
+                size = e.table.nbytes
+        return [self._message(run) for run in runs]
+
+    def _message(self, run: list[_InFlight]) -> pb.PushRequest:
+        first = run[0]
+        req = pb.PushRequest(stream=first.stream, producer_id=self.producer_id, batch_id=first.batch_id)
+        if len(run) == 1:
+            req.data.CopyFrom(wire.encode_rowdata(first.table, arrow=self.arrow))
+            return req
+        table = pa.concat_tables([e.table for e in run]).combine_chunks()
+        req.data.CopyFrom(wire.encode_rowdata(table))
+        req.batch_rows.extend(e.rows for e in run)
+        return req

@@ -152,10 +152,12 @@ class PushResult:
         return self
 
     @classmethod
-    def from_ack(cls, ack: pb.PushAck, rows: int = 0) -> PushResult:
+    def from_ack(cls, ack: pb.PushAck, rows: int = 0, index: int = 0) -> PushResult:
         """Converts the wire ack; an ack without an outcome counts as rejected (UNKNOWN).
 
-        `rows` is what the client sent, used when the server leaves `ack.rows` unset.
+        `rows` is what the client sent, used when the server leaves `ack.rows`
+        unset or the ack covers several batches (`ack.count`); `index` picks
+        the batch of such an ack.
         """
         outcome = _OUTCOMES.get(ack.outcome)
         code = _STATUS_BY_VALUE.get(ack.code, grpc.StatusCode.UNKNOWN) if ack.code else None
@@ -170,10 +172,10 @@ class PushResult:
         return cls(
             stream=ack.stream,
             producer_id=ack.producer_id,
-            batch_id=ack.batch_id,
+            batch_id=ack.batch_id + index,
             outcome=outcome,
-            timestamp=ack.timestamp,
-            rows=ack.rows or rows,
+            timestamp=ack.timestamp + index if ack.timestamp else 0,
+            rows=rows if ack.count > 1 else ack.rows or rows,
             reason=reason,
             code=code,
             original=original,

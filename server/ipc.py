@@ -7,6 +7,12 @@ boundary as Arrow buffers, and the cost is per message, not per tuple.
 
 Layout: `<u32 header length><u32 relation count><u64 length>*count`, the
 header, then each relation's bytes.
+
+Frames written together travel packed (`pack`/`unpack`): a run of header-only
+frames, or of one-relation frames with one schema (e.g. queued 1-row
+batches of a stream), becomes one frame holding their headers and one
+relation with all their rows. The cost of a message then is paid per run,
+not per frame; the reader gets the original frames back, in order.
 """
 
 from __future__ import annotations
@@ -36,6 +42,57 @@ def encode(header: dict[str, Any], tables: list[pa.Table] | None = None) -> byte
     parts.append(head)
     parts += bodies
     return b"".join(parts)
+
+
+PACKED_OP = "packed"
+
+
+def pack(frames: list[Frame]) -> bytes:
+    """Frames as bytes, runs of alike frames packed into one (see the module docstring)."""
+    out: list[bytes] = []
+    run: list[Frame] = []
+    for frame in frames:
+        if run and not _alike(run[-1], frame):
+            out.append(_pack_run(run))
+            run = []
+        run.append(frame)
+    if run:
+        out.append(_pack_run(run))
+    return b"".join(out)
+
+
+def _alike(a: Frame, b: Frame) -> bool:
+    ta, tb = a[1], b[1]
+    if not ta and not tb:
+        return True
+    return len(ta) == 1 and len(tb) == 1 and ta[0].schema.equals(tb[0].schema)
+
+
+def _pack_run(run: list[Frame]) -> bytes:
+    if len(run) == 1:
+        return encode(*run[0])
+    headers = [h for h, _ in run]
+    if not run[0][1]:
+        return encode({"op": PACKED_OP, "headers": headers})
+    tables = [t[0] for _, t in run]
+    merged = pa.concat_tables(tables).combine_chunks()
+    return encode({"op": PACKED_OP, "headers": headers, "rows": [t.num_rows for t in tables]}, [merged])
+
+
+def unpack(frame: Frame) -> list[Frame]:
+    """The frames a packed frame holds (a frame that is not packed: itself)."""
+    header, tables = frame
+    if header.get("op") != PACKED_OP:
+        return [frame]
+    headers = header["headers"]
+    if not tables:
+        return [(h, []) for h in headers]
+    frames: list[Frame] = []
+    offset = 0
+    for h, n in zip(headers, header["rows"], strict=True):
+        frames.append((h, [tables[0].slice(offset, n)]))
+        offset += n
+    return frames
 
 
 def _decode(head: bytes, bodies: list[bytes]) -> Frame:
@@ -70,6 +127,10 @@ class SocketFrames:
 
     def write(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> None:
         self.sock.sendall(encode(header, tables))
+
+    def write_many(self, frames: list[Frame]) -> None:
+        """One send for several frames, packed."""
+        self.sock.sendall(pack(frames))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> Frame | None:

@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from streamtx.errors import Unavailable, error_for
 from streamtx.server.config import ServerConfig
-from streamtx.server.ipc import encode, read_frame
+from streamtx.server.ipc import Frame, encode, pack, read_frame, unpack
 
 Reply = tuple[dict[str, Any], list[pa.Table]]
 HOME = 0
@@ -39,7 +39,7 @@ class Partition:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._writer: asyncio.StreamWriter | None = None
-        self._outbox: list[bytes] = []
+        self._outbox: list[Frame] = []
         self._reader_task: asyncio.Task | None = None
 
     @property
@@ -99,13 +99,13 @@ class Partition:
         self._pending[rid] = fut
         if not self._outbox:  # one write (one syscall) for all frames sent in this loop iteration
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(encode(header, tables))
+        self._outbox.append((header, tables or []))
         return fut
 
     def _flush(self) -> None:
         frames, self._outbox = self._outbox, []
         if self._writer is not None and not self._writer.is_closing():
-            self._writer.write(b"".join(frames))
+            self._writer.write(pack(frames))
 
     async def request(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> Reply:
         """Sends and awaits; a failed reply raises the mapped StreamTxError."""
@@ -116,10 +116,10 @@ class Partition:
             frame = await read_frame(reader)
             if frame is None:
                 break
-            header, tables = frame
-            fut = self._pending.pop(header["id"], None)
-            if fut is not None and not fut.done():
-                fut.set_result((header, tables))
+            for header, tables in unpack(frame):
+                fut = self._pending.pop(header["id"], None)
+                if fut is not None and not fut.done():
+                    fut.set_result((header, tables))
         await self._on_exit()
 
     async def _on_exit(self) -> None:

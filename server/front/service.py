@@ -17,7 +17,14 @@ from typing import Any
 
 import grpc
 
-from streamtx.errors import FailedPrecondition, NotFound, ResourceExhausted, StreamTxError, Unauthenticated
+from streamtx.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StreamTxError,
+    Unauthenticated,
+)
 from streamtx.server.front.front import Front
 from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.v1 import streamtx_pb2 as pb
@@ -114,7 +121,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     async def PushStream(
         self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PushAck]:
-        """Reads batches as fast as admission allows; acks go back in send order."""
+        """Reads messages as fast as admission allows; acks go back in send order.
+
+        Admission counts messages: a message of several batches is bounded by
+        gRPC's message size, and its batches are sequenced together.
+        """
         acks: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
         front = self.front
 
@@ -133,14 +144,18 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 fut = await acks.get()
                 if fut is None:
                     break
-                yield await fut
+                for ack in await fut:
+                    yield ack
             await reader
         finally:
             reader.cancel()
 
-    async def _push_admitted(self, request: pb.PushRequest) -> pb.PushAck:
+    async def _push_admitted(self, request: pb.PushRequest) -> list[pb.PushAck]:
+        self.front.counters["push_messages"] += 1
         try:
-            return await self._push(request)
+            if request.batch_rows:
+                return await self._push_many(request)
+            return [await self._push(request)]
         finally:
             self.front.admission.release()
 
@@ -161,12 +176,57 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         try:
             outcome = await self._start_push(request, ack)
         except StreamTxError as e:
-            self.front.counters["rejected"] += 1
-            ack.outcome = pb.REJECTED
-            ack.code = e.code.value[0]
-            ack.reason = e.message
-            return ack
+            return self._rejected(ack, e)
         return _fill_ack(ack, outcome)
+
+    def _rejected(self, ack: pb.PushAck, e: StreamTxError) -> pb.PushAck:
+        self.front.counters["rejected"] += 1
+        ack.outcome = pb.REJECTED
+        ack.code = e.code.value[0]
+        ack.reason = e.message
+        return ack
+
+    async def _push_many(self, request: pb.PushRequest) -> list[pb.PushAck]:
+        """Several batches of one message: each sequenced, executed and answered as if sent alone."""
+        front = self.front
+        stream, producer, first = request.stream, request.producer_id, request.batch_id
+        sizes = list(request.batch_rows)
+        acks = [pb.PushAck(stream=stream, producer_id=producer, batch_id=first + i) for i in range(len(sizes))]
+        try:
+            schema = front.check_push(stream, producer, first)
+        except StreamTxError as e:
+            return [self._rejected(ack, e) for ack in acks]
+        what = f"push to {stream!r} (producer {producer!r}, batches {first}..{first + len(sizes) - 1})"
+        futures: list[asyncio.Future] = []
+        try:
+            table = decode_rowdata(request.data, schema, what)
+            if min(sizes) < 0 or sum(sizes) != table.num_rows:
+                raise InvalidArgument(
+                    f"{what}: batch_rows {_short(sizes)} must be counts adding up to the {table.num_rows} rows in data"
+                )
+        except StreamTxError as e:  # every batch of the message is well addressed: ids used up, rejected
+            futures = [front.reject(stream, producer, ack.batch_id, e) for ack in acks]
+        else:
+            offset = 0
+            for ack, size in zip(acks, sizes, strict=True):
+                part = table.slice(offset, size)
+                offset += size
+                ack.rows = size
+                try:
+                    front.check_rows(stream, part)
+                except StreamTxError as e:
+                    futures.append(front.reject(stream, producer, ack.batch_id, e))
+                    continue
+                futures.append(front.push(stream, producer, ack.batch_id, part))
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+        for ack, outcome in zip(acks, outcomes, strict=True):
+            if isinstance(outcome, StreamTxError):
+                self._rejected(ack, outcome)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                _fill_ack(ack, outcome)
+        return _runs(acks)
 
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:
@@ -341,6 +401,29 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         parts = self.staging.drop(request.stream, request.staging_id)
         self.front.counters["staged_aborts"] += 1
         return pb.AbortStagedResponse(parts=parts)
+
+
+def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
+    """Consecutive acks that differ only in batch id, timestamp and rows become one ack with a count."""
+    out: list[pb.PushAck] = []
+    for ack in acks:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and ack.timestamp > 0
+            and ack.timestamp == last.timestamp + max(last.count, 1)
+            and (ack.outcome, ack.code, ack.reason, ack.original)
+            == (last.outcome, last.code, last.reason, last.original)
+        ):
+            last.count = max(last.count, 1) + 1
+            last.rows += ack.rows
+        else:
+            out.append(ack)
+    return out
+
+
+def _short(values: list[int]) -> str:
+    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... ({len(values)} counts)]"
 
 
 def _fill_ack(ack: pb.PushAck, outcome: dict[str, Any]) -> pb.PushAck:

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from streamtx.errors import FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog
-from streamtx.server.ipc import Frame, SocketFrames
+from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
@@ -97,9 +97,11 @@ class Worker:
     def _read_loop(self) -> None:
         while True:
             frame = self.frames.read()
-            self.inbox.put(frame)
             if frame is None:
+                self.inbox.put(None)
                 return
+            for one in unpack(frame):
+                self.inbox.put(one)
 
     def serve(self) -> None:
         threading.Thread(target=self._read_loop, name="ipc-reader", daemon=True).start()
@@ -193,9 +195,12 @@ class Worker:
         if failed is not None:
             print(f"streamtx: partition {self.engine.partition}: command log failed: {failed}", file=sys.stderr)
             os._exit(3)  # acknowledging nothing more; the restarted partition recovers
+        ready: list[Frame] = []
         while self.acks and self.acks[0][0] <= durable:
             _, reply, tables = self.acks.popleft()
-            self.frames.write(reply, tables)
+            ready.append((reply, tables))
+        if ready:
+            self.frames.write_many(ready)
 
     def _start_checkpoint(self, header: dict[str, Any]) -> None:
         if self.data_dir is None:

@@ -85,19 +85,21 @@ class DeployResponse(_message.Message):
     def __init__(self, created: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ..., dropped: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
-    __slots__ = ("stream", "producer_id", "batch_id", "data")
+    __slots__ = ("stream", "producer_id", "batch_id", "data", "batch_rows")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ROWS_FIELD_NUMBER: _ClassVar[int]
     stream: str
     producer_id: str
     batch_id: int
     data: RowData
-    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+    batch_rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ..., batch_rows: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushAck(_message.Message):
-    __slots__ = ("stream", "producer_id", "batch_id", "outcome", "timestamp", "code", "reason", "original", "rows")
+    __slots__ = ("stream", "producer_id", "batch_id", "outcome", "timestamp", "code", "reason", "original", "rows", "count")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +109,7 @@ class PushAck(_message.Message):
     REASON_FIELD_NUMBER: _ClassVar[int]
     ORIGINAL_FIELD_NUMBER: _ClassVar[int]
     ROWS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     stream: str
     producer_id: str
     batch_id: int
@@ -116,7 +119,8 @@ class PushAck(_message.Message):
     reason: str
     original: Outcome
     rows: int
-    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., original: _Optional[_Union[Outcome, str]] = ..., rows: _Optional[int] = ...) -> None: ...
+    count: int
+    def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., original: _Optional[_Union[Outcome, str]] = ..., rows: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class CallRequest(_message.Message):
     __slots__ = ("procedure", "params")
