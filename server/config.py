@@ -29,7 +29,7 @@ class ServerConfig:
     port: int = DEFAULT_PORT  # 0 picks a free port; the chosen one is printed and written to data_dir/port
     data_dir: Path = field(default_factory=lambda: Path("streamtx-data"))
     partitions: int = field(default_factory=lambda: os.cpu_count() or 1)
-    executor: str = "serial"  # one of EXECUTORS
+    executor: str = "opchain"  # one of EXECUTORS
     procedures_path: Path = field(default_factory=default_procedures_path)
     token: str | None = field(default_factory=lambda: os.environ.get("STREAMTX_TOKEN") or None)
     use_uvloop: bool = True

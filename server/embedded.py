@@ -25,7 +25,7 @@ class EmbeddedServer:
         data_dir: Path | None = None,
         *,
         partitions: int = 1,
-        executor: str = "serial",
+        executor: str = "opchain",
         interval_size: int | None = None,
         token: str | None = None,
         durability: str | None = None,

@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--executor",
         choices=EXECUTORS,
         default=defaults.executor,
-        help="batch executor: serial runs TEs one after another, S-Store style (default %(default)s)",
+        help="batch executor: opchain coalesces state procedures' events into punctuation intervals (TStream); "
+        "serial runs each TE's state access by itself, S-Store style (default %(default)s)",
     )
     p.add_argument(
         "--procedures-path",

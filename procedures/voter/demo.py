@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delete-every", type=int, default=5_000, help="votes between deletions (default %(default)s)")
     p.add_argument("--max-votes", type=int, default=1, help="votes allowed per phone (default %(default)s)")
     p.add_argument("--phones", type=int, default=15_000, help="distinct phones (default %(default)s)")
-    p.add_argument("--executor", default="serial", choices=EXECUTORS, help="server executor")
+    p.add_argument("--executor", default="opchain", choices=EXECUTORS, help="server executor")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--target", help="use a running server at HOST:PORT instead of an embedded one")
     return p

@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--procedures-path", type=Path, required=True)
     parser.add_argument("--retention", type=int, default=10_000)
-    parser.add_argument("--executor", default="serial")
+    parser.add_argument("--executor", default="opchain")
     parser.add_argument("--interval-size", type=int, default=500)
     parser.add_argument("--interval-ms", type=float, default=0.0)
     parser.add_argument("--durability", choices=MODES, default="off")
