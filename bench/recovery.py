@@ -4,7 +4,10 @@ The PE-trigger dataflow of `bench triggers` (n procedures, each moving its
 input batch to the next stream, 10 tuples per batch), with the command log
 on. Throughput: one pipelined producer against a server with
 `--durability strong` (every TE logged) and one with `--durability weak`
-(only the pushed batches), both alive and measured interleaved. Recovery:
+(only the pushed batches), both alive and measured interleaved, each with
+group commit (the default, `--group-commit-ms 2`) and without it
+(`--group-commit-ms 0`: every record fsynced alone before the partition goes
+on, the setting of S-Store's Figure 8(a)). Recovery:
 for each mode and n, a fresh server takes the input batches, is killed with
 SIGKILL, and is started again on its data directory; the time from start to
 serving is the recovery time (replay of the log; no checkpoint), next to the
@@ -41,6 +44,7 @@ DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 1
 ROWS = 10
 MODES = ("strong", "weak")
+COMMITS = {"group": 2.0, "none": 0.0}  # --group-commit-ms of each commit setting
 THROUGHPUT_TARGET = 3.0  # weak / strong at n = 10 (S-Store: up to 4x)
 
 
@@ -50,6 +54,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--recovery-batches", type=int, default=0, help="input batches before the crash (default 5000; quick 300)"
     )
     parser.add_argument("--max-n", type=int, default=10, help="longest chain of procedures (default 10)")
+    parser.add_argument(
+        "--commits",
+        default="group,none",
+        help="log commit settings to measure: group (group commit, the default) and/or none "
+        "(each record fsynced alone, S-Store's setting) (default %(default)s)",
+    )
 
 
 def chain_lengths(max_n: int, quick: bool) -> list[int]:
@@ -105,33 +115,46 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     count = args.batches or (80 if args.quick else 400)
     crash_batches = args.recovery_batches or (300 if args.quick else 5000)
     run_id = uuid.uuid4().hex[:8]
-    configs = [(mode, n) for n in ns for mode in MODES]
+    commits = [c for c in args.commits.split(",") if c]
+    unknown = set(commits) - set(COMMITS)
+    if unknown or not commits:
+        raise SystemExit(f"bench recovery: --commits takes group and/or none, not {args.commits!r}")
+    configs = [(mode, commit, n) for n in ns for commit in commits for mode in MODES]
     lines: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="streamtx-bench-recovery-") as tmp_name:
         tmp = Path(tmp_name)
-        servers = {mode: EmbeddedServer(tmp / f"throughput-{mode}", durability=mode).start() for mode in MODES}
+        servers = {
+            (mode, commit): EmbeddedServer(
+                tmp / f"throughput-{mode}-{commit}",
+                durability=mode,
+                extra_args=["--group-commit-ms", str(COMMITS[commit])],
+            ).start()
+            for mode in MODES
+            for commit in commits
+        }
         try:
             for srv in servers.values():
                 with Client(srv.target) as c:
                     c.deploy("\n".join(pe_script(n) for n in ns))
             with progress(args.quiet) as bar:
-                task = bar.add_task("bench recovery", total=len(configs) * (args.rounds + 1))
+                task = bar.add_task("bench recovery", total=len(configs) * args.rounds + len(ns) * len(MODES))
 
-                def one(cfg: tuple[str, int], r: int) -> Measurement:
-                    mode, n = cfg
-                    bar.update(task, description=f"recovery: throughput {mode} n={n} round {r + 1}")
-                    producer = f"bench-recovery-{run_id}-{mode}-{n}-r{r}"
-                    target = servers[mode].target
+                def one(cfg: tuple[str, str, int], r: int) -> Measurement:
+                    mode, commit, n = cfg
+                    bar.update(task, description=f"recovery: throughput {mode} commit={commit} n={n} round {r + 1}")
+                    producer = f"bench-recovery-{run_id}-{mode}-{commit}-{n}-r{r}"
+                    target = servers[(mode, commit)].target
                     return asyncio.run(push_batches(target, f"pe{n}_s0", producer, [_batch()] * count, what=NAME))
 
                 results = interleave(configs, one, args.rounds, on_done=lambda *_: bar.advance(task))
-                for (mode, n), rounds in zip(configs, results, strict=True):
+                for (mode, commit, n), rounds in zip(configs, results, strict=True):
                     m = median_round(rounds, key=lambda x: x.per_s)
                     lines.append(
                         {
                             "benchmark": NAME,
                             "measure": "throughput",
                             "durability": mode,
+                            "group_commit": commit == "group",
                             "n": n,
                             "batch_rows": ROWS,
                             "batches": count,
@@ -143,7 +166,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for srv in servers.values():
                     srv.close()
                 startup = _startup_time(tmp)
-                for mode, n in configs:
+                for mode, n in [(mode, n) for n in ns for mode in MODES]:
                     bar.update(task, description=f"recovery: {crash_batches} batches, {mode} n={n}")
                     rec = _recovery_time(mode, n, crash_batches, tmp)
                     bar.advance(task)
@@ -164,20 +187,26 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             for srv in servers.values():
                 srv.close()
 
-    def value(measure: str, mode: str, n: int, key: str) -> float:
-        return find_line(lines, measure=measure, durability=mode, n=n)[key]
+    def value(measure: str, mode: str, n: int, key: str, **match: Any) -> float:
+        return find_line(lines, measure=measure, durability=mode, n=n, **match)[key]
 
     top = max(ns)
-    lines.append(
-        ratio_line(
-            f"{NAME}-throughput",
-            value("throughput", "weak", top, "batches_per_s") / value("throughput", "strong", top, "batches_per_s"),
-            THROUGHPUT_TARGET,
-            f"batches/s with weak logging, n={top}",
-            f"batches/s with strong logging, n={top}",
-            n=top,
+    for commit in commits:
+        group = commit == "group"
+        weak = value("throughput", "weak", top, "batches_per_s", group_commit=group)
+        strong = value("throughput", "strong", top, "batches_per_s", group_commit=group)
+        setting = "group commit" if group else "no group commit (S-Store's setting)"
+        lines.append(
+            ratio_line(
+                f"{NAME}-throughput" + ("" if group else "-no-group-commit"),
+                weak / strong,
+                THROUGHPUT_TARGET,
+                f"batches/s with weak logging, n={top}, {setting}",
+                f"batches/s with strong logging, n={top}, {setting}",
+                n=top,
+                group_commit=group,
+            )
         )
-    )
     lines.append(
         ratio_line(
             f"{NAME}-recovery",
@@ -204,8 +233,16 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         (right, "recovery", "replay_s", "replay seconds"),
     ):
         for mode in MODES:
-            pts = sorted((r["n"], r[key]) for r in records if r.get("measure") == measure and r["durability"] == mode)
-            ax.plot([n for n, _ in pts], [v for _, v in pts], marker="o", label=f"{mode} logging")
+            for group in (True, False):
+                pts = sorted(
+                    (r["n"], r[key])
+                    for r in records
+                    if r.get("measure") == measure and r["durability"] == mode and r.get("group_commit", True) == group
+                )
+                if pts:
+                    style = "-" if group else "--"
+                    label = f"{mode} logging" + ("" if group or measure == "recovery" else ", no group commit")
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], style, marker="o", label=label)
         ax.set_xlabel("procedures in the dataflow (n)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

@@ -64,6 +64,8 @@ class ServerConfig:
             raise ValueError("--interval-size must be >= 1")
         if self.interval_ms < 0:
             raise ValueError("--interval-ms must be >= 0")
+        if self.group_commit_ms < 0:
+            raise ValueError(f"--group-commit-ms must be >= 0 (0: no group commit), got {self.group_commit_ms}")
         if self.max_batch_rows < 1:
             raise ValueError("--max-batch-rows must be >= 1")
         if self.staging_max_bytes < 1:

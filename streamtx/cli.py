@@ -275,7 +275,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--group-commit-ms",
         type=float,
         default=defaults.group_commit_ms,
-        help="log records are fsynced together at most this long after the first (default %(default)s)",
+        help="log records are fsynced together at most this long after the first; 0: no group commit, "
+        "each record is fsynced alone before the partition goes on (default %(default)s)",
     )
     p.add_argument(
         "--checkpoint-every",

@@ -560,3 +560,22 @@ def test_sigkill_mid_append_loses_nothing_reported_durable(tmp_path: Path) -> No
             n += 1
         assert n == reader.last_lsn
     assert len(list_segments(tmp_path)) > 1
+
+
+@pytest.mark.parametrize(("group_ms", "sync"), [(0.0, True), (5000.0, False)])
+def test_journal_without_group_commit_makes_each_record_durable_before_going_on(tmp_path, group_ms, sync):
+    from streamtx.server.partition.journal import Journal
+
+    journal = Journal.open("strong", tmp_path, lambda _lsn: None, group_ms)
+    try:
+        assert journal.sync is sync
+        for i in range(3):
+            journal._append(1, i + 1, {"i": i}, [])
+            if sync:  # fsynced before _append returned
+                assert journal.log.durable_lsn == journal.last_lsn == i + 1
+        if not sync:  # 5 s groups: the three records wait for one fsync together
+            assert journal.log.durable_lsn < journal.last_lsn
+            journal.log.flush()
+            assert journal.log.groups == 1
+    finally:
+        journal.log.close()
