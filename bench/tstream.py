@@ -1,13 +1,17 @@
 """TStream workloads GS, SL, OB, TP: the serial executor vs the operation-chain executor.
 
-WORKLOADS.md section 2. For each workload (procedures/tstream/<w>.py), one
-embedded server per executor (`serial`, `opchain`) and partition count gets the
-workload deployed and its state pre-populated (10,000 records; TP: 100 road
-segments), then one producer pushes generated events (zipf θ = 0.6; TP: 0.2)
-as 1-event atomic batches,
-pipelined; the executors' rounds are interleaved. Throughput is events/s (=
-input batches/s), latency is per event from admission to ack. One ratio line
-per workload: opchain / serial events/s (target 5).
+WORKLOADS.md section 2. For each workload (procedures/tstream/<w>.py) and
+partition count (default 1 and 2), one embedded server per executor (`serial`,
+`opchain`) gets the workload deployed and its state pre-populated (10,000
+records; TP: 100 road segments), then one producer pushes generated events
+(zipf θ = 0.6; TP: 0.2) as 1-event atomic batches, pipelined; the executors'
+rounds are interleaved. At P > 1 the tables are partitioned by their keys and
+an `--mp-ratio` share of the events (default 0.25) touches `--mp-length`
+partitions (default 4, capped at P); such a batch runs coordinated, the others
+on the partition of their keys (TP's reports have one segment each: never
+coordinated; OB's bids have one item). Throughput is events/s (= input
+batches/s), latency is per event from admission to ack. One ratio line per
+workload and partition count: opchain / serial events/s (target 5).
 
 Correctness guard: every server of a workload receives a prefix of one event
 list, in order (an untimed warm-up, then its rounds' slices back to back), so
@@ -41,6 +45,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO
 from streamtx.server.config import EXECUTORS, ServerConfig
 
 from .common import (
@@ -87,6 +92,16 @@ def _ints(text: str) -> tuple[int, ...]:
     return values
 
 
+def _ratio(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a share between 0 and 1, got {text!r}")
+    return value
+
+
 def _names(choices: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         names = tuple(dict.fromkeys(x.strip().lower() for x in text.split(",") if x.strip()))
@@ -114,7 +129,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="executors to compare (default serial,opchain)",
     )
     parser.add_argument(
-        "--partitions", type=_ints, default=(1,), metavar="P,P", help="partition counts to run (default 1)"
+        "--partitions", type=_ints, default=(1, 2), metavar="P,P", help="partition counts to run (default 1,2)"
+    )
+    parser.add_argument(
+        "--mp-ratio",
+        type=_ratio,
+        default=DEFAULT_MP_RATIO,
+        help=f"at P > 1, the share of events whose keys span several partitions (default {DEFAULT_MP_RATIO})",
+    )
+    parser.add_argument(
+        "--mp-length",
+        type=int,
+        default=DEFAULT_MP_LENGTH,
+        help=f"partitions such an event touches, at most P (default {DEFAULT_MP_LENGTH})",
     )
     parser.add_argument(
         "--records",
@@ -219,14 +246,19 @@ class Plan:
     that of the first `length(events)` events, which the reference reproduces.
     """
 
-    def __init__(self, module: ModuleType, args: argparse.Namespace, warmup: int, runs: Sequence[int]) -> None:
+    def __init__(
+        self, module: ModuleType, args: argparse.Namespace, warmup: int, runs: Sequence[int], partitions: int = 1
+    ) -> None:
         self.module = module
         self.warmup = warmup
         self.rounds = args.rounds
         self.records = args.records or _default(module, "records", DEFAULT_RECORDS)
         self.theta = args.theta if args.theta is not None else _default(module, "theta", DEFAULT_THETA)
         total = max(self.length(n) for n in runs)
-        self.events: pa.Table = module.generate(total, seed=args.seed, records=self.records, theta=self.theta)
+        placed = {}  # P = 1: the workload's own events, as before partitions existed
+        if partitions > 1:
+            placed = {"partitions": partitions, "mp_ratio": args.mp_ratio, "mp_length": args.mp_length}
+        self.events: pa.Table = module.generate(total, seed=args.seed, records=self.records, theta=self.theta, **placed)
         if self.events.num_rows != total:
             raise RuntimeError(f"{module.NAME}.generate({total}) returned {self.events.num_rows} events")
 
@@ -323,6 +355,14 @@ def _read_state(module: ModuleType, target: str) -> tuple[dict[str, list], dict[
     return _normalize(tables), _normalize(outputs)
 
 
+def _coordinated(target: str) -> int:
+    """The commands (batches and calls) the server ran coordinated, across partitions, so far."""
+    from streamtx.client import Client
+
+    with Client(target) as c:
+        return int(c.status()["counters"].get("coordinated", 0))
+
+
 def _push(target: str, stream: str, producer: str, batches: list[pa.Table], args: argparse.Namespace) -> Measurement:
     return asyncio.run(
         push_batches(target, stream, producer, batches, max_in_flight=args.max_in_flight, what=f"bench {NAME}")
@@ -341,14 +381,19 @@ def _run_group(
     bar: Any,
     task: int,
 ) -> tuple[list[list[Measurement]], dict[str, Any], Plan]:
-    """Runs `configs` (one server each) interleaved over the rounds: their rounds, the state check, the plan."""
-    plan = Plan(module, args, warmup, [c.events for c in configs])
+    """Runs `configs` (one server each, one partition count) interleaved over the rounds.
+
+    Returns their rounds, the state check, the plan.
+    """
+    plan = Plan(module, args, warmup, [c.events for c in configs], configs[0].partitions)
     stream = module.INPUT_STREAM
     with ExitStack() as stack:
         servers = [_server(c, args) for c in configs]
         _start_all(stack, servers)
+        setup = {}  # the set-up call is coordinated at P > 1: counted apart from the events
         for cfg, srv in zip(configs, servers, strict=True):
             _deploy(module, srv.target, plan.records)
+            setup[cfg] = _coordinated(srv.target)
             if warmup:
                 _push(srv.target, stream, f"bench-{NAME}-{run_id}-{cfg.producer}-warm", plan.warmup_batches(), args)
         target = {cfg: srv.target for cfg, srv in zip(configs, servers, strict=True)}
@@ -364,6 +409,7 @@ def _run_group(
 
         results = interleave(configs, one, args.rounds, on_done=done)
         finals = {cfg: _read_state(module, target[cfg]) for cfg in configs}
+        coordinated = {cfg: _coordinated(target[cfg]) - setup[cfg] for cfg in configs}
     snapshots = plan.reference({plan.length(c.events) for c in configs})
     states_equal = outputs_equal = True
     differences = []
@@ -379,10 +425,12 @@ def _run_group(
     check = {
         "benchmark": NAME,
         "workload": configs[0].workload,
+        "partitions": configs[0].partitions,
         "states_equal": states_equal,
         "outputs_equal": outputs_equal,
         "servers": [c.label for c in configs],
         "events": {c.label: plan.length(c.events) for c in configs},
+        "coordinated_batches": {c.label: coordinated[c] for c in configs},
     }
     if differences:
         check["differences"] = differences
@@ -412,6 +460,8 @@ def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, plan
         "batch_size": BATCH_SIZE,
         "records": plan.records,
         "theta": plan.theta,
+        "mp_ratio": args.mp_ratio if cfg.partitions > 1 else 0.0,
+        "mp_length": min(args.mp_length, cfg.partitions) if cfg.partitions > 1 else 1,
         "max_in_flight": args.max_in_flight,
         "interval_size": cfg.interval_size or ServerConfig.interval_size,
         "load_1m": m.extra.get("load_1m"),
@@ -440,8 +490,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     sweep = args.sweep and sweep_name in modules
 
     groups = {
-        w: [Config(w, e, p, per_run[e], args.interval_size) for p in args.partitions for e in args.executors]
+        (w, p): [Config(w, e, p, per_run[e], args.interval_size) for e in args.executors]
         for w in workloads
+        for p in args.partitions
     }
     sweep_configs = [Config(sweep_name, "opchain", 1, sweep_events, n) for n in intervals] if sweep else []
     total = args.rounds * (sum(len(g) for g in groups.values()) + len(sweep_configs))
@@ -450,7 +501,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
     with progress(args.quiet) as bar:
         task = bar.add_task(f"bench {NAME}", total=total)
-        for w, configs in groups.items():
+        for (w, _), configs in groups.items():
             results, check, plan = _run_group(modules[w], configs, args, warmup, run_id, bar, task)
             config_lines += [_line(c, rounds, args, plan) for c, rounds in zip(configs, results, strict=True)]
             checks.append(check)

@@ -131,13 +131,36 @@ def decode_record_header(data: bytes | memoryview, offset: int) -> RecordHeader:
 
 _PREFIX = struct.Struct("<II")
 _LEN = struct.Struct("<Q")
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # an Arrow IPC stream's end-of-stream marker
+_PLAIN: dict[bytes, bool] = {}  # a serialized schema -> it has no dictionary-encoded column
 
 
-def _ipc(table: pa.Table | pa.RecordBatch) -> pa.Buffer:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write(table)
-    return sink.getvalue()
+def _ipc(table: pa.Table | pa.RecordBatch) -> bytes:
+    """`table` as an Arrow IPC stream: the schema message, one message per record batch, the end marker.
+
+    Byte for byte what a stream writer (`pa.ipc.new_stream`) writes, for a
+    third of its cost on the small relations a TE logs. A dictionary-encoded
+    column needs the writer, which also writes the dictionaries.
+    """
+    schema = table.schema
+    head = schema.serialize().to_pybytes()
+    plain = _PLAIN.get(head)
+    if plain is None:
+        if len(_PLAIN) >= 1024:
+            _PLAIN.clear()
+        plain = _PLAIN[head] = not any(_has_dictionary(f.type) for f in schema)
+    if not plain:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as writer:
+            writer.write(table)
+        return sink.getvalue().to_pybytes()
+    batches = table.to_batches() if isinstance(table, pa.Table) else [table]
+    return b"".join([head, *(b.serialize() for b in batches), _EOS])
+
+
+def _has_dictionary(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or any(_has_dictionary(t.field(i).type) for i in range(t.num_fields))
 
 
 def encode_command(header: dict[str, Any], tables: Sequence[pa.Table | pa.RecordBatch] = ()) -> bytes:
@@ -147,12 +170,12 @@ def encode_command(header: dict[str, Any], tables: Sequence[pa.Table | pa.Record
     The header must be JSON-serialisable (it is `json.dumps`-ed with `allow_nan=False`, so it
     decodes to an equal dict, not to something merely similar).
     """
-    head = json.dumps(header, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode()
+    head = _JSON.encode(header).encode()
     bodies = [_ipc(t) for t in tables]
     parts: list[Any] = [_PREFIX.pack(len(head), len(bodies))]
-    parts += [_LEN.pack(b.size) for b in bodies]
+    parts += [_LEN.pack(len(b)) for b in bodies]
     parts.append(head)
-    parts += [memoryview(b) for b in bodies]
+    parts += bodies
     return b"".join(parts)
 
 

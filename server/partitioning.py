@@ -12,6 +12,7 @@ computed once per distinct value.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,8 +86,8 @@ class PartitionMap:
     bins: int
     owner: tuple[int, ...]
 
-    @property
-    def partitions(self) -> int:
+    @functools.cached_property
+    def partitions(self) -> int:  # cached: the hot paths ask per TE, and `owner` has a tuple entry per bin
         return max(self.owner) + 1 if self.owner else 1
 
     @classmethod
@@ -101,6 +102,22 @@ class PartitionMap:
         """The owning partition of each key."""
         bins = key_hashes(values) % np.uint64(self.bins)
         return np.asarray(self.owner, dtype=np.int32)[bins.astype(np.int64)]
+
+    def partitions_of(self, table: pa.Table, columns: tuple[str, ...] | list[str]) -> list[int]:
+        """The partitions owning any key in `columns` of `table`, sorted.
+
+        A list column counts with every element; a NULL names no key, so no partition.
+        """
+        found: set[int] = set()
+        for col in columns:
+            values = table.column(col)
+            if pa.types.is_list(values.type) or pa.types.is_large_list(values.type):
+                values = pc.list_flatten(values)
+            if values.null_count:
+                values = pc.drop_null(values)
+            if len(values):
+                found.update(np.unique(self.owners(values)).tolist())
+        return sorted(found)
 
     def owner_of(self, value: object, arrow_type: pa.DataType) -> int:
         return self.owner[scalar_hash(value, arrow_type) % self.bins]

@@ -33,7 +33,7 @@ where `transfer = Transfer()` is an instance of a `StateProcedure` subclass.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from streamtx.errors import Aborted
@@ -49,35 +49,57 @@ class Ref:
     index: int
 
 
-@dataclass
+_CACHED_REFS = 64
+_REFS = tuple(Ref(i) for i in range(_CACHED_REFS))  # immutable, so events share them: one per declaration would cost
+
+
 class Op:
-    kind: str  # read | write | read_modify
-    table: str
-    key: Key
-    row: Row | None = None
-    fn: Callable[..., Row] | None = None
-    cond: Callable[..., bool] | None = None
-    reads: tuple[tuple[str, Key], ...] = ()
+    """One declared state access; slotted and positional, since every event declares several."""
+
+    __slots__ = ("kind", "table", "key", "row", "fn", "cond", "reads")
+
+    def __init__(
+        self,
+        kind: str,  # read | write | read_modify
+        table: str,
+        key: Key,
+        row: Row | None = None,
+        fn: Callable[..., Row] | None = None,
+        cond: Callable[..., bool] | None = None,
+        reads: tuple[tuple[str, Key], ...] = (),
+    ) -> None:
+        self.kind = kind
+        self.table = table
+        self.key = key
+        self.row = row
+        self.fn = fn
+        self.cond = cond
+        self.reads = reads
 
 
-@dataclass
 class Event:
     """One event (one tuple of the input batch) and its state transaction."""
 
-    row: Row
-    batch_id: int
-    ops: list[Op] = field(default_factory=list)
-    values: list[Row | None] = field(default_factory=list)
-    rejected: bool = False
-    reason: str = ""
-    out: list[tuple[str, Row]] = field(default_factory=list)
+    __slots__ = ("row", "batch_id", "ops", "values", "rejected", "reason", "out")
+
+    def __init__(self, row: Row, batch_id: int) -> None:
+        self.row = row
+        self.batch_id = batch_id
+        self.ops: list[Op] = []
+        self.values: list[Row | None] = []
+        self.rejected = False
+        self.reason = ""
+        self.out: list[tuple[str, Row]] = []
 
     def __getitem__(self, column: str) -> Any:
         return self.row[column]
 
     # -- pre_process: declare operations -------------------------------------------
     def read(self, table: str, key: Key) -> Ref:
-        return self._add(Op("read", table, key))
+        ops = self.ops
+        index = len(ops)
+        ops.append(Op("read", table, key))
+        return _REFS[index] if index < _CACHED_REFS else Ref(index)
 
     def write(
         self,
@@ -87,7 +109,10 @@ class Event:
         cond: Callable[..., bool] | None = None,
         reads: Iterable[tuple[str, Key]] = (),
     ) -> Ref:
-        return self._add(Op("write", table, key, row=row, cond=cond, reads=tuple(reads)))
+        ops = self.ops
+        index = len(ops)
+        ops.append(Op("write", table, key, row, None, cond, tuple(reads)))
+        return _REFS[index] if index < _CACHED_REFS else Ref(index)
 
     def read_modify(
         self,
@@ -97,7 +122,10 @@ class Event:
         cond: Callable[..., bool] | None = None,
         reads: Iterable[tuple[str, Key]] = (),
     ) -> Ref:
-        return self._add(Op("read_modify", table, key, fn=fn, cond=cond, reads=tuple(reads)))
+        ops = self.ops
+        index = len(ops)
+        ops.append(Op("read_modify", table, key, None, fn, cond, tuple(reads)))
+        return _REFS[index] if index < _CACHED_REFS else Ref(index)
 
     def reject(self, reason: str) -> None:
         """Rejects the event in pre_process (before any state access): it declares nothing."""
@@ -114,10 +142,6 @@ class Event:
 
     def emit(self, stream: str, row: Row) -> None:
         self.out.append((stream, row))
-
-    def _add(self, op: Op) -> Ref:
-        self.ops.append(op)
-        return Ref(len(self.ops) - 1)
 
 
 class StateProcedure:
@@ -138,15 +162,18 @@ class StateProcedure:
 
 
 class WorkingSet:
-    """The rows an interval touches, per table, with the keys written since the last write-back."""
+    """The rows an interval touches, per table, with the keys written since the last write-back.
+
+    `epoch` changes whenever rows are forgotten (`clear`, `forget`), so events whose keys
+    were loaded in the same epoch need no second look. `absent` holds keys
+    known missing from the table itself, which a write-back may plainly insert.
+    """
 
     def __init__(self) -> None:
         self.rows: dict[str, dict[Key, Row | None]] = {}
         self.dirty: dict[str, set[Key]] = {}
-
-    def missing(self, table: str, keys: Iterable[Key]) -> list[Key]:
-        have = self.rows.get(table, {})
-        return [k for k in set(keys) if k not in have]
+        self.absent: dict[str, set[Key]] = {}
+        self.epoch = 0
 
     def load(self, table: str, rows: dict[Key, Row | None]) -> None:
         self.rows.setdefault(table, {}).update(rows)
@@ -157,6 +184,15 @@ class WorkingSet:
     def clear(self) -> None:
         self.rows.clear()
         self.dirty.clear()
+        self.absent.clear()
+        self.epoch += 1
+
+    def forget(self, table: str) -> None:
+        """Drops one table's rows, written back already (none dirty)."""
+        assert not self.dirty.get(table)
+        self.rows.pop(table, None)
+        self.absent.pop(table, None)
+        self.epoch += 1
 
 
 def apply_event(event: Event, ws: WorkingSet) -> None:
@@ -168,27 +204,36 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
     """
     if event.rejected:
         return
-    undo: list[tuple[str, Key, Row | None, bool]] = []
+    rows = ws.rows
+    dirty = ws.dirty
+    undo: list[tuple[dict[Key, Row | None], Key, Row | None, set[Key] | None]] = []
     values: list[Row | None] = []
     try:
         for op in event.ops:
-            current = ws.get(op.table, op.key)
-            deps = [ws.get(t, k) for t, k in op.reads]
+            table = op.table
+            key = op.key
+            have = rows[table]
+            current = have[key]
+            deps = [rows[t][k] for t, k in op.reads] if op.reads else ()
             if op.cond is not None and not op.cond(current, *deps):
-                raise Aborted(f"condition failed on {op.table}[{op.key!r}]")
-            if op.kind == "read":
+                raise Aborted(f"condition failed on {table}[{key!r}]")
+            kind = op.kind
+            if kind == "read":
                 values.append(current)
                 continue
-            new = dict(op.row) if op.kind == "write" else op.fn(current, *deps)
-            undo.append((op.table, op.key, current, op.key in ws.dirty.get(op.table, ())))
-            ws.rows[op.table][op.key] = new
-            ws.dirty.setdefault(op.table, set()).add(op.key)
+            new = dict(op.row) if kind == "write" else op.fn(current, *deps)
+            written = dirty.get(table)
+            if written is None:
+                written = dirty[table] = set()
+            undo.append((have, key, current, None if key in written else written))
+            have[key] = new
+            written.add(key)
             values.append(new)
     except Exception as e:
-        for table, key, old, was_dirty in reversed(undo):
-            ws.rows[table][key] = old
-            if not was_dirty:
-                ws.dirty[table].discard(key)
+        for have, key, old, undirty in reversed(undo):
+            have[key] = old
+            if undirty is not None:
+                undirty.discard(key)
         event.rejected = True
         event.reason = e.message if isinstance(e, Aborted) else f"{type(e).__name__}: {e}"
         event.values = []

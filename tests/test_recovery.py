@@ -108,17 +108,19 @@ def test_voter_survives_random_crashes_exactly_once(tmp_path, mode, partitions):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["strong", "weak"])
-def test_sl_transfers_survive_random_crashes_exactly_once(tmp_path, mode):
+@pytest.mark.parametrize(("mode", "partitions"), CONFIGS, ids=[f"{m}-P{p}" for m, p in CONFIGS])
+def test_sl_transfers_survive_random_crashes_exactly_once(tmp_path, mode, partitions):
+    """At P = 2 most batches span both partitions: their fragments replay with the rows the partitions exchanged."""
     records = 60
-    events = sl.generate(480, seed=7, records=records, theta=0.8, transfer_max=900)
+    events = sl.generate(480, seed=7, records=records, theta=0.8, transfer_max=900, partitions=partitions)
     batches = [events.slice(i, 8) for i in range(0, events.num_rows, 8)]
-    srv = EmbeddedServer(tmp_path / "data", durability=mode, extra_args=["--checkpoint-every", "0.4"]).start()
+    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
+    srv = EmbeddedServer(tmp_path / "data", partitions=partitions, durability=mode, extra_args=args).start()
     try:
         with Client(srv.target) as c:
             c.deploy(sl.deploy_script())
             c.call("setup_sl", **sl.setup_params(records))
-        crash_loop(srv, sl.INPUT_STREAM, batches, seed=11)
+        crash_loop(srv, sl.INPUT_STREAM, batches, seed=11 + partitions)
         expected = run_reference(sl, events, records)
         with Client(srv.target) as c:
             assert {n: c.query(q).fetchall() for n, q in sl.STATE_QUERIES.items()} == expected.tables

@@ -124,3 +124,47 @@ def test_sql_procedure_downstream_sees_the_state(server):
         assert all(a.outcome == "committed" and not a.reason for a in acks)
         seen = c.query("SELECT total FROM seen ORDER BY batch").fetchall()
     assert [t for (t,) in seen] == totals
+
+
+def test_write_back_takes_every_way_to_the_same_table():
+    """Few or many rows, new or held, plain or not, keyed by another key: the table ends as the rows say."""
+    from streamtx.server.catalog.catalog import Catalog
+    from streamtx.server.config import default_procedures_path
+    from streamtx.server.partition.engine import Engine
+    from streamtx.server.partition.state import SMALL
+    from streamtx.server.pyproc import ProcedureLoader
+
+    loader = ProcedureLoader(default_procedures_path())
+    eng = Engine(0, loader)
+    script = "CREATE TABLE t (k BIGINT PRIMARY KEY, v VARCHAR, l INTEGER[]);"
+    new, _, _, ddl = Catalog().deploy(script, loader.resolve)
+    eng.install(new.to_json(), ddl)
+    eng.con.execute("INSERT INTO t VALUES (1, 'one', [1]), (2, 'two', [])")
+    state, ws = eng.state, eng.state.ws
+    expected = {1: ("one", [1]), 2: ("two", [])}
+
+    def write(rows: dict[int, dict], stored: dict[int, tuple] | None = None) -> None:
+        state.load_for([_reads("t", list(rows))])
+        for key, row in rows.items():
+            ws.rows["t"][key] = row
+            ws.dirty.setdefault("t", set()).add(key)
+            expected[row["k"]] = (row.get("v"), row.get("l"))
+        expected.update(stored or {})
+        state.write_back()
+        assert {k: (v, items) for k, v, items in eng.con.execute("SELECT * FROM t").fetchall()} == expected
+
+    write({1: {"k": 1, "v": "uno", "l": [1, 2]}, 3: {"k": 3, "v": "three", "l": None}})  # one statement per row
+    write({k: {"k": k, "v": str(k), "l": [k]} for k in range(4, 5 + SMALL)})  # new rows, through a relation
+    write({2: {"k": 2, "v": None, "l": [None]}, 9: {"k": 9, "v": 9.5, "l": []}}, {9: ("9.5", [])})  # cast
+    ws.load("t", {20: {"k": 20, "v": "x", "l": []}})  # held but not in the table: the UPDATE finds nothing
+    write({20: {"k": 20, "v": "twenty", "l": [20]}})
+    write({21: {"k": 22, "v": "moved", "l": []}})  # a row under another key: the general upsert
+    write({22: {"k": 22, "v": "back", "l": [2]}})
+    eng.con.close()
+
+
+def _reads(table: str, keys: list[int]) -> Event:
+    ev = Event({}, 0)
+    for key in keys:
+        ev.read(table, key)
+    return ev

@@ -1,10 +1,12 @@
 """GS (grep and sum) and OB (online bidding) on real servers against their sequential references.
 
-One server per (executor, interval size), started once for the module; each
-run deploys the workload, pushes its events pipelined, reads the final table
-and the output stream, and drops the workload again, so the next run starts
-from a fresh table on the same server. Every run must equal the plain
-sequential `Reference`, and serial must equal opchain for the same input.
+One server per (executor, interval size), started once per partition count
+(P = 1, then P = 2, where the tables are partitioned and a batch whose keys
+span both partitions runs coordinated); each run deploys the workload,
+pushes its events pipelined, reads the final table and the output stream,
+and drops the workload again, so the next run starts from a fresh table on
+the same server. Every run must equal the plain sequential `Reference`, and
+serial must equal opchain for the same input.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.timeout(600)
 
 EXECUTORS = ("serial", "opchain")
 INTERVALS = (1, 7, 500)
+PARTITIONS = (1, 2)
 
 # What each workload's deploy script creates, in an order DROP accepts.
 OBJECTS = {
@@ -48,9 +51,22 @@ OBJECTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[dict[tuple[str, int], EmbeddedServer]]:
-    started = {(e, i): EmbeddedServer(executor=e, interval_size=i) for e in EXECUTORS for i in INTERVALS}
+class Servers(dict[tuple[str, int], EmbeddedServer]):
+    """The servers of one partition count, by (executor, interval size)."""
+
+    partitions: int
+
+
+@pytest.fixture(scope="module", params=PARTITIONS, ids=[f"P{p}" for p in PARTITIONS])
+def servers(request) -> Iterator[Servers]:
+    started = Servers(
+        {
+            (e, i): EmbeddedServer(executor=e, interval_size=i, partitions=request.param)
+            for e in EXECUTORS
+            for i in INTERVALS
+        }
+    )
+    started.partitions = request.param
     try:
         with ThreadPoolExecutor(len(started)) as pool:
             list(pool.map(EmbeddedServer.start, started.values()))
@@ -95,7 +111,9 @@ def check_all(
         got = {cfg: f.result() for cfg, f in futures.items()}
     batches = -(-events.num_rows // batch_size)
     for (executor, interval), res in got.items():
-        where = f"{workload.NAME} executor={executor} interval={interval} batch_size={batch_size}"
+        where = (
+            f"{workload.NAME} P={servers.partitions} executor={executor} interval={interval} batch_size={batch_size}"
+        )
         assert len(res.acks) == batches, where
         bad = [(a.batch_id, a.outcome, a.reason) for a in res.acks if a.outcome != "committed" or a.reason]
         assert bad == [], where
@@ -116,11 +134,16 @@ def check_all(
     records=st.integers(50, 2000),
     theta=st.sampled_from([0.0, 0.6, 0.99]),
     batch_size=st.integers(1, 20),
+    mp_ratio=st.sampled_from([0.0, 0.25, 1.0]),
 )
-@example(seed=7, events=300, records=10, theta=0.99, batch_size=5)  # one hot key over few records
-@example(seed=11, events=400, records=10, theta=0.99, batch_size=20)
-def test_matches_reference(servers, workload, seed, events, records, theta, batch_size):
-    rows = workload.generate(events, seed=seed, records=records, theta=theta)
+@example(seed=7, events=300, records=10, theta=0.99, batch_size=5, mp_ratio=0.25)  # one hot key, few records
+@example(seed=11, events=400, records=10, theta=0.99, batch_size=20, mp_ratio=0.25)
+@example(seed=5, events=150, records=200, theta=0.6, batch_size=1, mp_ratio=0.25)  # local and coordinated
+def test_matches_reference(servers, workload, seed, events, records, theta, batch_size, mp_ratio):
+    """At P = 2 the events' keys are placed like WORKLOADS.md says (an `mp_ratio` share spans partitions)."""
+    rows = workload.generate(
+        events, seed=seed, records=records, theta=theta, partitions=servers.partitions, mp_ratio=mp_ratio
+    )
     check_all(servers, workload, rows, batch_size, records)
 
 
@@ -136,7 +159,7 @@ def test_matches_reference(servers, workload, seed, events, records, theta, batc
 )
 def test_matches_reference_long(servers, workload, seed, events, records, theta, batch_size):
     """Longer streams, bigger batches, the default 10k records: intervals of many batches and long chains."""
-    rows = workload.generate(events, seed=seed, records=records, theta=theta)
+    rows = workload.generate(events, seed=seed, records=records, theta=theta, partitions=servers.partitions)
     check_all(servers, workload, rows, batch_size, records)
 
 

@@ -1,10 +1,13 @@
 """SL (streaming ledger) and TP (toll processing) on real servers equal their sequential references.
 
 Every run goes to six module-scoped servers at once — executor serial and
-opchain, punctuation interval 1, 7 and 500 — each freshly redeployed; the
-final tables and output streams must equal the reference's, serial and opchain
-must agree with each other, and every batch must be acknowledged committed
-with no reason (a rejected transfer is an event-level outcome, not an abort).
+opchain, punctuation interval 1, 7 and 500 — each freshly redeployed, first
+with one partition, then with two (partitioned tables; a batch whose keys span
+both runs coordinated, by replicated execution over the rows the partitions
+exchange); the final tables and output streams must equal the reference's,
+serial and opchain must agree with each other, and every batch must be
+acknowledged committed with no reason (a rejected transfer is an event-level
+outcome, not an abort).
 The state procedures are also run in-process (pre_process, `apply_event`,
 post_process) against the references, cheaply, over many more inputs.
 """
@@ -28,19 +31,32 @@ from streamtx.server.statetx import Event, WorkingSet, apply_event
 pytestmark = pytest.mark.timeout(600)
 
 CONFIGS = [(executor, interval) for interval in (1, 7, 500) for executor in ("serial", "opchain")]
+PARTITIONS = (1, 2)
 Config = tuple[str, int]
 
 
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory) -> dict[Config, str]:
+class Targets(dict[Config, str]):
+    """The servers of one partition count: (executor, interval size) -> target."""
+
+    partitions: int
+
+
+@pytest.fixture(scope="module", params=PARTITIONS, ids=[f"P{p}" for p in PARTITIONS])
+def servers(request, tmp_path_factory) -> Targets:
     """One server per (executor, interval size), started together; yields their targets."""
+    n_parts = request.param
     srvs = {
-        (ex, n): EmbeddedServer(tmp_path_factory.mktemp(f"{ex}-{n}"), executor=ex, interval_size=n) for ex, n in CONFIGS
+        (ex, n): EmbeddedServer(
+            tmp_path_factory.mktemp(f"{ex}-{n}-p{n_parts}"), executor=ex, interval_size=n, partitions=n_parts
+        )
+        for ex, n in CONFIGS
     }
     with ThreadPoolExecutor(len(srvs)) as pool:
         try:
             list(pool.map(EmbeddedServer.start, srvs.values()))
-            yield {cfg: s.target for cfg, s in srvs.items()}
+            targets = Targets({cfg: s.target for cfg, s in srvs.items()})
+            targets.partitions = n_parts
+            yield targets
         finally:
             list(pool.map(EmbeddedServer.close, srvs.values()))
 
@@ -75,7 +91,8 @@ def check(
     expected = common.run_reference(workload, events, records)
     results = run_everywhere(servers, workload, events, batch_size, records)
     batches = -(-events.num_rows // batch_size)
-    for cfg, got in results.items():
+    for config, got in results.items():
+        cfg = (*config, f"P={servers.partitions}")
         assert len(got.acks) == batches, cfg
         bad = [(a.batch_id, a.outcome, a.reason) for a in got.acks if a.outcome != "committed" or a.reason]
         assert not bad, (cfg, bad[:5])
@@ -217,9 +234,18 @@ def test_generators_are_seeded_and_shaped():
     theta=st.sampled_from([0.0, 0.6, 0.99]),
     batch_size=st.integers(1, 20),
     transfer_max=st.sampled_from([100, 3000]),
+    mp_ratio=st.sampled_from([0.0, 0.25, 1.0]),
 )
-def test_sl_on_servers_equals_reference(servers, seed, events, records, theta, batch_size, transfer_max):
-    ev = sl.generate(events, seed=seed, records=records, theta=theta, transfer_max=transfer_max)
+def test_sl_on_servers_equals_reference(servers, seed, events, records, theta, batch_size, transfer_max, mp_ratio):
+    ev = sl.generate(
+        events,
+        seed=seed,
+        records=records,
+        theta=theta,
+        transfer_max=transfer_max,
+        partitions=servers.partitions,
+        mp_ratio=mp_ratio,
+    )
     check(servers, sl, ev, batch_size, records)
 
 
@@ -256,8 +282,20 @@ def chain_aborts(ev: pa.Table, ok: dict[int, bool], span: int) -> int:
 
 @pytest.mark.parametrize("batch_size", [20, 2])
 def test_sl_dependency_heavy_transfers(servers, batch_size):
-    """Few hot keys, mostly transfers, amounts up to 3x the starting balance: many fail mid-chain."""
-    ev = sl.generate(400, seed=11, records=10, theta=0.99, transfer_ratio=0.8, transfer_max=3 * sl.INITIAL_BALANCE)
+    """Few hot keys, mostly transfers, amounts up to 3x the starting balance: many fail mid-chain.
+
+    At P = 2 half the transfers move between the partitions (the hottest keys sit on both).
+    """
+    ev = sl.generate(
+        400,
+        seed=11,
+        records=10,
+        theta=0.99,
+        transfer_ratio=0.8,
+        transfer_max=3 * sl.INITIAL_BALANCE,
+        partitions=servers.partitions,
+        mp_ratio=0.5,
+    )
     expected = check(servers, sl, ev, batch_size, 10)
     ok = dict(expected.outputs["sl_results"])
     transfers = [r["event_id"] for r in ev.to_pylist() if r["kind"] == "transfer"]
@@ -271,7 +309,7 @@ def test_one_hot_key(servers, workload):
     """A single key (every SL transfer has source == destination), then zipf 0.99 over 2000 keys."""
     extra = {"transfer_max": 2 * sl.INITIAL_BALANCE} if workload is sl else {"vehicles": 1000}
     for events, records, seed, batch_size in ((300, 1, 3, 9), (800, 2000, 4, 13)):
-        ev = workload.generate(events, seed=seed, records=records, theta=0.99, **extra)
+        ev = workload.generate(events, seed=seed, records=records, theta=0.99, partitions=servers.partitions, **extra)
         expected = check(servers, workload, ev, batch_size, records)
         if workload is sl:  # some transfers refused, some not
             assert len({ok for _, ok in expected.outputs["sl_results"]}) == 2
@@ -284,4 +322,6 @@ def test_one_hot_key(servers, workload):
 def test_default_sizes(servers, workload):
     """The paper's sizes (10k records for SL, 100 segments for TP, default skew), 3000 events in batches of 50."""
     records = 10_000 if workload is sl else tp.SEGMENTS
-    check(servers, workload, workload.generate(3000, seed=7, records=records), 50, records)
+    check(
+        servers, workload, workload.generate(3000, seed=7, records=records, partitions=servers.partitions), 50, records
+    )

@@ -56,6 +56,79 @@ def distinct_keys(rng: np.random.Generator, records: int, theta: float, count: i
     return keys
 
 
+DEFAULT_BINS = 1024  # the server's --bins default: a generator places keys with the map such a server makes
+DEFAULT_MP_RATIO = 0.25  # WORKLOADS.md section 2: a quarter of the transactions touch several partitions ...
+DEFAULT_MP_LENGTH = 4  # ... four of them (at most as many as there are)
+
+
+class KeySpace:
+    """Keys 0..records-1 by owning partition (the server's round-robin map), for partition-aware events.
+
+    An event is single-partition (all its keys owned by one partition, chosen
+    with the zipf weight of its keys) or, with probability `mp_ratio`,
+    touches `mp_length` partitions (capped by P, by the partitions holding keys
+    and by the event's key count): its key slots go to them in contiguous
+    blocks (SL: sources on one, destinations on another). Within a
+    partition keys keep their zipf(θ) weights.
+    """
+
+    def __init__(
+        self,
+        records: int,
+        theta: float,
+        partitions: int,
+        mp_ratio: float = DEFAULT_MP_RATIO,
+        mp_length: int = DEFAULT_MP_LENGTH,
+        bins: int = DEFAULT_BINS,
+    ) -> None:
+        from streamtx.server.partitioning import PartitionMap
+
+        weights, perm = _zipf(records, theta)
+        weight = np.empty(records)
+        weight[perm] = weights
+        owner = PartitionMap.round_robin(partitions, max(bins, partitions)).owners(pa.array(np.arange(records)))
+        self.keys = [k for k in (np.flatnonzero(owner == p) for p in range(partitions)) if len(k)]
+        self.cdfs = [np.cumsum(weight[k]) / weight[k].sum() for k in self.keys]
+        self.part_cdf = np.cumsum([weight[k].sum() for k in self.keys])
+        self.part_cdf /= self.part_cdf[-1]
+        self.mp_ratio = mp_ratio
+        self.mp_length = mp_length
+
+    def event(self, rng: np.random.Generator, count: int, distinct: bool) -> list[int]:
+        """The `count` keys of one event (fewer if `distinct` and its partitions hold fewer)."""
+        first = min(int(np.searchsorted(self.part_cdf, rng.random())), len(self.keys) - 1)
+        spread = 1
+        if rng.random() < self.mp_ratio:
+            spread = max(1, min(self.mp_length, len(self.keys), count))
+        chosen = [first]
+        if spread > 1:
+            others = [p for p in range(len(self.keys)) if p != first]
+            chosen += rng.choice(others, spread - 1, replace=False).tolist()
+        keys: list[int] = []
+        for i, part in enumerate(chosen):
+            slots = (i + 1) * count // spread - i * count // spread
+            keys += self._draw(rng, part, slots, distinct)
+        return keys
+
+    def _draw(self, rng: np.random.Generator, part: int, n: int, distinct: bool) -> list[int]:
+        pool, cdf = self.keys[part], self.cdfs[part]
+
+        def sample(size: int) -> list[int]:
+            return pool[np.minimum(np.searchsorted(cdf, rng.random(size)), len(pool) - 1)].tolist()
+
+        if not distinct:
+            return sample(n)
+        n = min(n, len(pool))
+        out: list[int] = []
+        while len(out) < n:
+            for k in sample(2 * n):
+                if k not in out:
+                    out.append(k)
+                    if len(out) == n:
+                        break
+        return out
+
+
 @dataclass
 class RunResult:
     tables: dict[str, list[tuple[Any, ...]]]

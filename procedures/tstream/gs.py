@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from streamtx.procedures.tstream.common import distinct_keys
+from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, distinct_keys
 from streamtx.server.statetx import Event, Ref, StateProcedure
 
 NAME = "gs"
@@ -46,10 +46,10 @@ OUTPUT_QUERIES = {"gs_out": "SELECT event_id, total FROM gs_out ORDER BY event_i
 
 def deploy_script() -> str:
     return f"""
-CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, value BIGINT, pad VARCHAR);
+CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, value BIGINT, pad VARCHAR) PARTITION BY (id);
 CREATE STREAM gs_events (event_id BIGINT, is_read BOOLEAN, keys BIGINT[], vals BIGINT[]);
 CREATE STREAM gs_out (event_id BIGINT, total BIGINT);
-CREATE PROCEDURE grep_sum ON STREAM gs_events AS PYTHON 'tstream.gs:grep_sum';
+CREATE PROCEDURE grep_sum ON STREAM gs_events PARTITION ON (keys) AS PYTHON 'tstream.gs:grep_sum';
 CREATE PROCEDURE setup_gs (n INTEGER) AS BEGIN
     INSERT INTO {TABLE} SELECT range, range, repeat('x', {PAD_LENGTH}) FROM range($n);
 END;
@@ -92,14 +92,31 @@ grep_sum = GrepSum()
 
 
 def generate(
-    events: int, *, seed: int = 0, records: int = 10_000, theta: float = 0.6, read_ratio: float = 0.5
+    events: int,
+    *,
+    seed: int = 0,
+    records: int = 10_000,
+    theta: float = 0.6,
+    read_ratio: float = 0.5,
+    partitions: int = 1,
+    mp_ratio: float = DEFAULT_MP_RATIO,
+    mp_length: int = DEFAULT_MP_LENGTH,
 ) -> pa.Table:
-    """`events` GS events: each touches min(10, records) distinct zipf(θ) keys; a `read_ratio` share reads."""
+    """`events` GS events: each touches min(10, records) distinct zipf(θ) keys; a `read_ratio` share reads.
+
+    With `partitions` > 1 the keys of an event come from one partition's keys, or from `mp_length`
+    partitions' for an `mp_ratio` share of the events (common.KeySpace); a partition holding fewer
+    than 10 keys makes an event touch fewer.
+    """
     rng = np.random.default_rng(seed)
     count = min(ACCESSES, records)
     is_read = (rng.random(events) < read_ratio).tolist()
-    keys = [distinct_keys(rng, records, theta, count) for _ in range(events)]
-    vals = [[] if r else rng.integers(0, MAX_VALUE, count).tolist() for r in is_read]
+    if partitions == 1:
+        keys = [distinct_keys(rng, records, theta, count) for _ in range(events)]
+    else:
+        space = KeySpace(records, theta, partitions, mp_ratio, mp_length)
+        keys = [space.event(rng, count, distinct=True) for _ in range(events)]
+    vals = [[] if r else rng.integers(0, MAX_VALUE, len(k)).tolist() for r, k in zip(is_read, keys, strict=True)]
     return pa.table(
         {"event_id": list(range(events)), "is_read": is_read, "keys": keys, "vals": vals},
         schema=SCHEMA,

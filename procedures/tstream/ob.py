@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from streamtx.procedures.tstream.common import distinct_keys
+from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, distinct_keys
 from streamtx.server.statetx import Event, StateProcedure
 
 NAME = "ob"
@@ -58,10 +58,10 @@ OUTPUT_QUERIES = {"ob_out": "SELECT event_id, kind, ok FROM ob_out ORDER BY even
 
 def deploy_script() -> str:
     return f"""
-CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, price BIGINT, quantity BIGINT);
+CREATE TABLE {TABLE} (id BIGINT PRIMARY KEY, price BIGINT, quantity BIGINT) PARTITION BY (id);
 CREATE STREAM ob_events (event_id BIGINT, kind VARCHAR, keys BIGINT[], prices BIGINT[], quantities BIGINT[]);
 CREATE STREAM ob_out (event_id BIGINT, kind VARCHAR, ok BOOLEAN);
-CREATE PROCEDURE trade ON STREAM ob_events AS PYTHON 'tstream.ob:trade';
+CREATE PROCEDURE trade ON STREAM ob_events PARTITION ON (keys) AS PYTHON 'tstream.ob:trade';
 CREATE PROCEDURE setup_ob (n INTEGER) AS BEGIN
     INSERT INTO {TABLE} SELECT range, 100 + range % 50, {INITIAL_QUANTITY} FROM range($n);
 END;
@@ -121,27 +121,45 @@ class Trade(StateProcedure):
 trade = Trade()
 
 
-def generate(events: int, *, seed: int = 0, records: int = 10_000, theta: float = 0.6) -> pa.Table:
-    """`events` OB events, bid : alter : top = 6 : 1 : 1, keys zipf(θ)."""
+def generate(
+    events: int,
+    *,
+    seed: int = 0,
+    records: int = 10_000,
+    theta: float = 0.6,
+    partitions: int = 1,
+    mp_ratio: float = DEFAULT_MP_RATIO,
+    mp_length: int = DEFAULT_MP_LENGTH,
+) -> pa.Table:
+    """`events` OB events, bid : alter : top = 6 : 1 : 1, keys zipf(θ).
+
+    With `partitions` > 1 an alter or top takes its items from one partition's keys, or from
+    `mp_length` partitions' for an `mp_ratio` share (common.KeySpace); a bid has one item.
+    """
     rng = np.random.default_rng(seed)
     count = min(ACCESSES, records)
     kinds = [KINDS[i] for i in rng.choice(3, size=events, p=KIND_WEIGHTS).tolist()]
+    space = KeySpace(records, theta, partitions, mp_ratio, mp_length) if partitions > 1 else None
+
+    def draw(n: int) -> list[int]:
+        return distinct_keys(rng, records, theta, n) if space is None else space.event(rng, n, distinct=True)
+
     keys: list[list[int]] = []
     prices: list[list[int]] = []
     quantities: list[list[int]] = []
     for kind in kinds:
         if kind == "bid":
-            keys.append(distinct_keys(rng, records, theta, 1))
+            keys.append(draw(1))
             prices.append([int(rng.integers(PRICE_LOW, PRICE_HIGH))])
             quantities.append([int(rng.integers(1, BID_QUANTITY_HIGH))])
         elif kind == "alter":
-            keys.append(distinct_keys(rng, records, theta, count))
-            prices.append(rng.integers(PRICE_LOW, PRICE_HIGH, count).tolist())
+            keys.append(draw(count))
+            prices.append(rng.integers(PRICE_LOW, PRICE_HIGH, len(keys[-1])).tolist())
             quantities.append([])
         else:
-            keys.append(distinct_keys(rng, records, theta, count))
+            keys.append(draw(count))
             prices.append([])
-            quantities.append(rng.integers(1, TOP_QUANTITY_HIGH, count).tolist())
+            quantities.append(rng.integers(1, TOP_QUANTITY_HIGH, len(keys[-1])).tolist())
     return pa.table(
         {"event_id": list(range(events)), "kind": kinds, "keys": keys, "prices": prices, "quantities": quantities},
         schema=SCHEMA,

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from streamtx.procedures.tstream.common import zipf_keys
+from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, zipf_keys
 from streamtx.server.statetx import Event, StateProcedure
 
 NAME = "sl"
@@ -34,12 +34,13 @@ OUTPUT_STREAMS = ("sl_results",)
 INITIAL_BALANCE = 1_000
 
 DEPLOY_SCRIPT = f"""
-CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT);
-CREATE TABLE assets (id BIGINT PRIMARY KEY, balance BIGINT);
+CREATE TABLE accounts (id BIGINT PRIMARY KEY, balance BIGINT) PARTITION BY (id);
+CREATE TABLE assets (id BIGINT PRIMARY KEY, balance BIGINT) PARTITION BY (id);
 CREATE STREAM sl_events (event_id BIGINT, kind VARCHAR, src_account BIGINT, src_asset BIGINT,
                          dst_account BIGINT, dst_asset BIGINT, amount BIGINT);
 CREATE STREAM sl_results (event_id BIGINT, ok BOOLEAN);
-CREATE PROCEDURE ledger ON STREAM sl_events AS PYTHON 'tstream.sl:ledger';
+CREATE PROCEDURE ledger ON STREAM sl_events PARTITION ON (src_account, src_asset, dst_account, dst_asset)
+    AS PYTHON 'tstream.sl:ledger';
 CREATE PROCEDURE setup_sl (n INTEGER) AS BEGIN
     INSERT INTO accounts SELECT i, {INITIAL_BALANCE} FROM range($n) t(i);
     INSERT INTO assets SELECT i, {INITIAL_BALANCE} FROM range($n) t(i);
@@ -92,6 +93,9 @@ def generate(
     transfer_ratio: float = 0.5,
     deposit_max: int = 100,
     transfer_max: int = 100,
+    partitions: int = 1,
+    mp_ratio: float = DEFAULT_MP_RATIO,
+    mp_length: int = DEFAULT_MP_LENGTH,
 ) -> pa.Table:
     """`events` ledger events: a `transfer_ratio` share of transfers, the rest deposits.
 
@@ -99,9 +103,16 @@ def generate(
     source may equal its destination. Amounts are uniform in 1..deposit_max
     (deposits) and 1..transfer_max (transfers); a `transfer_max` well above
     `INITIAL_BALANCE` makes many transfers fail, in the middle of key chains.
+    With `partitions` > 1 the four keys come from one partition's keys, or for
+    an `mp_ratio` share of the events from `mp_length` partitions' (at P = 2:
+    sources on one, destinations on the other; common.KeySpace).
     """
     rng = np.random.default_rng(seed)
-    keys = zipf_keys(rng, records, theta, (4, events))
+    if partitions == 1:
+        keys = zipf_keys(rng, records, theta, (4, events))
+    else:
+        space = KeySpace(records, theta, partitions, mp_ratio, mp_length)
+        keys = np.array([space.event(rng, 4, distinct=False) for _ in range(events)], dtype=np.int64).T
     transfer = rng.random(events) < transfer_ratio
     amount = np.where(transfer, rng.integers(1, transfer_max + 1, events), rng.integers(1, deposit_max + 1, events))
     return pa.table(

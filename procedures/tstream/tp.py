@@ -38,11 +38,11 @@ CONGESTED_SPEED = 40.0  # a segment is congested below this average speed ...
 CONGESTED_CARS = 50  # ... with more than this many distinct vehicles
 
 DEPLOY_SCRIPT = """
-CREATE TABLE tp_speed (segment BIGINT PRIMARY KEY, avg_speed DOUBLE, reports BIGINT);
-CREATE TABLE tp_vehicles (segment BIGINT PRIMARY KEY, vehicles BIGINT[], cnt BIGINT);
+CREATE TABLE tp_speed (segment BIGINT PRIMARY KEY, avg_speed DOUBLE, reports BIGINT) PARTITION BY (segment);
+CREATE TABLE tp_vehicles (segment BIGINT PRIMARY KEY, vehicles BIGINT[], cnt BIGINT) PARTITION BY (segment);
 CREATE STREAM tp_events (event_id BIGINT, vehicle BIGINT, segment BIGINT, speed DOUBLE);
 CREATE STREAM tp_tolls (event_id BIGINT, vehicle BIGINT, segment BIGINT, toll BIGINT);
-CREATE PROCEDURE toll_processing ON STREAM tp_events AS PYTHON 'tstream.tp:toll_processing';
+CREATE PROCEDURE toll_processing ON STREAM tp_events PARTITION ON (segment) AS PYTHON 'tstream.tp:toll_processing';
 CREATE PROCEDURE setup_tp (n INTEGER) AS BEGIN
     INSERT INTO tp_speed SELECT i, 0.0, 0 FROM range($n) t(i);
     INSERT INTO tp_vehicles SELECT i, []::BIGINT[], 0 FROM range($n) t(i);
@@ -127,6 +127,9 @@ def generate(
     records: int = SEGMENTS,
     theta: float = 0.2,
     vehicles: int = 1_000,
+    partitions: int = 1,
+    mp_ratio: float = 0.0,
+    mp_length: int = 1,
 ) -> pa.Table:
     """`events` position reports over `records` segments (zipf, skew `theta`) from `vehicles` vehicles.
 
@@ -134,8 +137,12 @@ def generate(
     the most frequent one to 75 for the least (so the hot segments get tolls
     once they see more than 50 vehicles); a report's speed is that plus
     gaussian noise (sd 10), clipped to 0..120 — arbitrary doubles, to exercise
-    exact float arithmetic.
+    exact float arithmetic. A report has one segment, so it always touches one
+    partition: `partitions`, `mp_ratio` and `mp_length` change nothing (they
+    are accepted like every workload's; a batch of several reports may still
+    span partitions).
     """
+    del partitions, mp_ratio, mp_length
     rng = np.random.default_rng(seed)
     rank = np.argsort(np.random.default_rng(records).permutation(records))  # zipf_keys' key -> popularity rank
     typical = 25.0 + 50.0 * rank / records

@@ -79,6 +79,7 @@ class Vote(StateProcedure):
 
     def pre_process(self, ev: Event) -> None:
         vote_id, phone, contestant = ev["vote_id"], ev["phone_number"], ev["contestant_number"]
+        batch_id = ev.batch_id  # the functions must not hold `ev`: a cycle through its ops would outlive it
         ev.read_modify(
             "phone_votes",
             phone,
@@ -94,7 +95,7 @@ class Vote(StateProcedure):
                 "phone_number": phone,
                 "state": area["state"] if area is not None else "XX",
                 "contestant_number": contestant,
-                "created": ev.batch_id,
+                "created": batch_id,
             },
             reads=(("area_code_state", phone // 10_000_000),),
         )
@@ -118,31 +119,36 @@ class Vote(StateProcedure):
         )
 
 
-def _present(tally: Row) -> list[int]:
+def _counted(tally: Row) -> list[tuple[int, int]]:
+    """(votes, contestant) of each present contestant."""
     gone = tally["gone"]
-    return [c for c in range(1, len(tally["counts"]) + 1) if c not in gone]
+    counts = tally["counts"]
+    pairs = zip(counts, range(1, len(counts) + 1), strict=True)
+    return [p for p in pairs if p[1] not in gone] if gone else list(pairs)
+
+
+_SLOTS = tuple((f"c{slot}", f"n{slot}") for slot in range(1, BOARD_SLOTS + 1))
+_EMPTY_SLOTS = {name: None for slot in _SLOTS for name in slot}
 
 
 def _board(name: str, ranked: list[tuple[int, int]]) -> Row:
     """A `boards` row: the first three (contestant, votes) of `ranked` in slots 1..3, the rest empty."""
-    row: Row = {"board": name}
-    for slot in range(1, BOARD_SLOTS + 1):
-        c, n = ranked[slot - 1] if slot <= len(ranked) else (None, None)
-        row[f"c{slot}"] = c
-        row[f"n{slot}"] = n
+    row: Row = {"board": name, **_EMPTY_SLOTS}
+    for (c_slot, n_slot), (c, n) in zip(_SLOTS, ranked, strict=False):  # ranked may fill fewer slots
+        row[c_slot] = c
+        row[n_slot] = n
     return row
 
 
 def _top(row: Row | None, tally: Row) -> Row:
-    counts = tally["counts"]
-    ranked = sorted(_present(tally), key=lambda c: (-counts[c - 1], c))[:BOARD_SLOTS]
-    return _board("top", [(c, counts[c - 1]) for c in ranked])
+    """Most votes first, ties by contestant number."""
+    ranked = sorted([(-n, c) for n, c in _counted(tally)])[:BOARD_SLOTS]
+    return _board("top", [(c, -m) for m, c in ranked])
 
 
 def _bottom(row: Row | None, tally: Row) -> Row:
-    counts = tally["counts"]
-    ranked = sorted(_present(tally), key=lambda c: (counts[c - 1], c))[:BOARD_SLOTS]
-    return _board("bottom", [(c, counts[c - 1]) for c in ranked])
+    """Fewest votes first, ties by contestant number."""
+    return _board("bottom", [(c, n) for n, c in sorted(_counted(tally))[:BOARD_SLOTS]])
 
 
 def _trending(row: Row | None, tally: Row) -> Row:
@@ -150,9 +156,10 @@ def _trending(row: Row | None, tally: Row) -> Row:
     if tally["staged"]:
         return row if row is not None else _board("trending", [])
     gone = tally["gone"]
-    counts = Counter(c for c in tally["recent"] if c not in gone)
-    ranked = sorted(counts, key=lambda c: (-counts[c], c))[:BOARD_SLOTS]
-    return _board("trending", [(c, counts[c]) for c in ranked])
+    recent = tally["recent"]
+    counts = Counter([c for c in recent if c not in gone] if gone else recent)
+    ranked = sorted([(-n, c) for c, n in counts.items()])[:BOARD_SLOTS]
+    return _board("trending", [(c, -m) for m, c in ranked])
 
 
 class Leaderboard(StateProcedure):

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
 from streamtx.files import atomic_write
-from streamtx.server.catalog import ddl, placement
+from streamtx.server.catalog import ddl, eventkeys, placement
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
     STREAM_SCHEMA,
@@ -74,6 +74,8 @@ class ProcedureDef:
     body: list[str] = field(default_factory=list)
     body_lines: list[int] = field(default_factory=list)
     python: str | None = None
+    key_columns: list[str] = field(default_factory=list)
+    """A state procedure's `PARTITION ON (columns)`: the event columns holding its keys (catalog/eventkeys.py)."""
 
 
 @dataclass
@@ -490,13 +492,16 @@ class Catalog:
             raise InvalidArgument(f"deploy: {what}: PARTITION ON {proc.partition_on!r} is not one of its parameters")
         if proc.python is not None:
             emits: frozenset[str] = frozenset()
+            fn = None
             if resolve_python is not None:
                 fn = resolve_python(proc.python)
                 emits = frozenset(getattr(fn, "emits", ()))
                 for s in emits:
                     if s not in self.streams:
                         raise InvalidArgument(f"deploy: {what} ({proc.python}) emits unknown stream {s!r}")
+            eventkeys.check_kind(proc, fn, resolve_python is not None)
             return Plan([], emits)
+        eventkeys.check_kind(proc, None, False)
         scope = self.scope(
             f"procedure {proc.name}",
             proc.on_stream,
@@ -740,14 +745,16 @@ def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
             st.if_not_exists,
         )
     if isinstance(st, ddl.CreateProcedure):
+        keyed_stream = st.on_stream is not None and st.partition_on is not None
         proc = ProcedureDef(
             name=st.name,
             params=[(p.name, p.type) for p in st.params],
             on_stream=st.on_stream,
-            partition_on=st.partition_on,
+            partition_on=None if keyed_stream else st.partition_on,
             body=list(st.body),
             body_lines=list(st.body_lines),
             python=st.python,
+            key_columns=[st.partition_on] if keyed_stream else list(st.partition_on_columns),
         )
         return "procedure", proc, st.or_replace, False
     if isinstance(st, ddl.CreateTrigger):

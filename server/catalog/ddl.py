@@ -90,6 +90,8 @@ class CreateProcedure:
     or_replace: bool
     line: int
     body_lines: tuple[int, ...]
+    partition_on_columns: tuple[str, ...] = ()
+    """`PARTITION ON (a, b, ...)`: the event columns holding a state procedure's keys (ON STREAM only)."""
 
 
 @dataclass(frozen=True)
@@ -718,6 +720,7 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
         rule = "parameters take a name and a type only"
         params = _typed_names(c, inner, "parameter", rule, close)
     on_stream = partition_on = None
+    columns: tuple[str, ...] = ()
     while True:
         if c.at("ON"):
             if on_stream is not None:
@@ -726,13 +729,20 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
             c.expect("STREAM", after=" after ON")
             on_stream = c.name("a stream name after ON STREAM")
         elif c.at("PARTITION"):
-            if partition_on is not None:
+            if partition_on is not None or columns:
                 c.fail("PARTITION ON is given twice")
             c.pos += 1
             c.expect("ON", after=" after PARTITION")
-            partition_on = c.name("a parameter name after PARTITION ON")
+            if c.at_op("("):
+                columns = _name_list(c, "PARTITION ON")
+            else:
+                partition_on = c.name("a parameter name after PARTITION ON")
         else:
             break
+    if columns and on_stream is None:
+        if len(columns) > 1:
+            c.fail(f"an OLTP procedure is PARTITION ON one parameter, not {len(columns)}")
+        partition_on, columns = columns[0], ()
     if not c.accept("AS"):
         c.fail(f"{_AS_BODY}, found {_show(c.peek())}")
     python = None
@@ -749,7 +759,25 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
         body, lines = _body(c)
     c.finish()
     ps = tuple(Param(n, t) for n, t in params)
-    return CreateProcedure(name, ps, on_stream, partition_on, body, python, or_replace, c.line, lines)
+    return CreateProcedure(name, ps, on_stream, partition_on, body, python, or_replace, c.line, lines, columns)
+
+
+def _name_list(c: _Cursor, after: str) -> tuple[str, ...]:
+    """`(a, b, ...)`: one or more distinct names."""
+    inner, open_, close = c.group(f"after {after}")
+    names: list[str] = []
+    if inner:
+        for item, comma in _split_commas(inner):
+            if len(item) != 1 or item[0].kind not in ("word", "qident"):
+                bad = item[1] if len(item) > 1 else item[0] if item else comma or close
+                c.fail(f"{after} lists column names, found {_show(bad)}", bad)
+            name = _ident(item[0])
+            if name in names:
+                c.fail(f'{after} lists column "{name}" twice', item[0])
+            names.append(name)
+    if not names:
+        c.fail(f"{after} () lists no column", open_)
+    return tuple(names)
 
 
 def _parse_trigger(c: _Cursor, or_replace: bool) -> CreateTrigger:

@@ -18,11 +18,18 @@ Procedures (and the EE triggers their TEs fire):
   statement runs on the home partition only, so it takes effect, and emits,
   exactly once.
 - *single*: everything else runs on the home partition.
+- *event-keyed*: a state procedure with `PARTITION ON (columns)` (catalog/
+  eventkeys.py): a TE runs on the partitions owning the keys in those
+  columns of its batch: on one alone, like a partitioned TE; on several, by
+  replicated execution over the rows they exchange (front/exchange.py).
 
 A command is *local* when all its TEs run on one partition: `home` (all on
-partition 0) or `keyed` (on the partition owning the batch's keys, which the
-front checks per batch). Anything else is *coordinated* by the front, TE by
-TE, every TE committed on all its partitions or on none.
+partition 0), `keyed` (on the partition owning the batch's keys, which the
+front checks per batch) or `event-keyed` (a stream whose one consumer is an
+event-keyed procedure whose outputs nothing consumes: local when the keys in
+its PARTITION ON columns fall on one partition). Anything else is
+*coordinated* by the front, TE by TE, every TE committed on all its
+partitions or on none.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from streamtx.errors import InvalidArgument
+from streamtx.server.catalog import eventkeys
 
 if TYPE_CHECKING:
     from streamtx.server.catalog.catalog import Catalog
@@ -43,6 +51,7 @@ PARTITIONED = "partitioned"
 REPLICATED = "replicated"
 SINGLE = "single"
 EVERYWHERE = "everywhere"
+EVENT_KEYED = "event-keyed"  # a procedure kind and a push mode
 
 HOME = "home"
 KEYED = "keyed"
@@ -92,6 +101,9 @@ class Placement:
     """For everywhere units: INSERTs into partitioned tables, rewritten to keep only this partition's keys."""
     push_mode: dict[str, str] = field(default_factory=dict)
     call_mode: dict[str, str] = field(default_factory=dict)
+    event_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # event-keyed procedure -> its columns
+    stream_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Stream pushed in EVENT_KEYED mode -> the PARTITION ON columns of its consumer."""
 
     def key_of_stream(self, stream: str) -> str | None:
         return self.streams.get(stream)
@@ -126,6 +138,12 @@ def derive(cat: Catalog) -> Placement:
         return acc
 
     for proc in cat.procedures.values():
+        if proc.key_columns:
+            assert proc.on_stream is not None
+            eventkeys.check(cat, proc, sorted(fired_triggers(proc.name)))
+            pl.procedures[proc.name] = EVENT_KEYED
+            pl.event_keys[proc.name] = tuple(proc.key_columns)
+            continue
         if proc.on_stream is not None and pl.streams.get(proc.on_stream):
             base, key = PARTITIONED, pl.streams[proc.on_stream]
         elif proc.on_stream is None and proc.partition_on is not None:
@@ -181,6 +199,11 @@ def derive(cat: Catalog) -> Placement:
                     )
     for s in cat.streams:
         pl.push_mode[s] = _mode(cat, pl, [(s, pl.streams[s])], pl.streams[s] is not None)
+        consumers = cat.consumers.get(s, [])
+        if len(consumers) == 1 and pl.procedures[consumers[0]] == EVENT_KEYED and not cat.triggers_on("stream", s):
+            if all(not cat.consumers.get(out) for out in cat.emitted_by(consumers[0])):
+                pl.push_mode[s] = EVENT_KEYED
+                pl.stream_keys[s] = pl.event_keys[consumers[0]]
     for proc in cat.procedures.values():
         if proc.on_stream is not None:
             continue

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.errors import error_for
-from streamtx.server.catalog.placement import EVERYWHERE, PARTITIONED, SINGLE
+from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
+from streamtx.server.front import exchange
 from streamtx.server.front.partitions import HOME, checked
 
 if TYPE_CHECKING:
@@ -126,6 +127,10 @@ class Coordinator:
                 await self._decide(st.group_parts, True, ts, st.group_mark)
                 st.group, st.group_parts, st.group_mark = None, set(), None
             fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
+            keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
+            if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
+                assert unit.rows is not None and len(unit.procedures) == 1
+                await exchange.attach_rows(self.front, keyed[0], unit.rows, ts, fragments)
             unit_mark = mark if unit.entry else None
             alone = len(fragments) == 1 and unit.group is None and st.group is None
             if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
@@ -262,6 +267,9 @@ class Coordinator:
                         add(p, proc, part, False)
                 elif kind == EVERYWHERE:
                     for p in every:
+                        add(p, proc, unit.rows, False)
+                elif kind == EVENT_KEYED:
+                    for p in exchange.involved(front, proc, unit.rows):
                         add(p, proc, unit.rows, False)
                 else:
                     add(HOME, proc, unit.rows, False)

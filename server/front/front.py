@@ -25,7 +25,7 @@ from streamtx.errors import (
     StreamTxError,
 )
 from streamtx.server.catalog.catalog import Catalog, create_statements
-from streamtx.server.catalog.placement import COORDINATED, KEYED
+from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import scatter
@@ -205,6 +205,10 @@ class Front:
             first = int(owners[0])
             if (owners == first).all():
                 return first
+        if mode == EVENT_KEYED:
+            involved = self.map.partitions_of(table, self.catalog.placement.stream_keys[stream])
+            if len(involved) <= 1:
+                return involved[0] if involved else HOME
         return None
 
     def call_owner(self, procedure: str, params: dict[str, Any]) -> int:

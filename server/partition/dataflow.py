@@ -28,11 +28,13 @@ import pyarrow as pa
 
 from streamtx.errors import NotFound, StreamTxError
 from streamtx.server.partition.engine import Engine
+from streamtx.server.partition.exchange import Exchange
 
 if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
+from streamtx.server.partition.state import Values, table_rows
 from streamtx.server.partition.transaction import Transaction
-from streamtx.server.statetx import Event, StateProcedure
+from streamtx.server.statetx import Event, Row, StateProcedure
 
 
 @dataclass
@@ -96,6 +98,7 @@ class Dataflow:
         self._open_stored: set[str] = set()
         self._open_specs: list[tuple[dict[str, Any], pa.Table]] = []
         self._open_params: dict[str, Any] | None = None
+        self._open_exchange: Exchange | None = None  # the open fragment's merged state rows, logged with it
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -104,6 +107,7 @@ class Dataflow:
         results: list[Outcome | StreamTxError | None] = [None] * len(pushes)
         runs: list[tuple[int, _Run]] = []
         taken: dict[tuple[str, str], tuple[int, int]] = {}
+        eng.counters["intervals"] += 1
         saved = eng.windows.snapshot()
         eng.con.execute("BEGIN")
         try:
@@ -217,20 +221,25 @@ class Dataflow:
             self._open_windows = eng.windows.snapshot()
             self._open_stored = set()
             self._open_specs = []
+            self._open_exchange = None
             self._open = True
         eng.coordinated = True
+        inputs, extra = tables[: len(h["tes"])], tables[len(h["tes"]) :]
+        exchange = Exchange.from_wire(h.get("exchange"), extra)
         try:
-            emitted, stored, results, result_ids = self.run_specs(h["ts"], h["tes"], tables, h.get("params"))
+            emitted, stored, results, result_ids = self.run_specs(h["ts"], h["tes"], inputs, h.get("params"), exchange)
         except StreamTxError as e:
             self._rollback(self._open_windows)
             self._open = False
             self._open_specs = []
+            self._open_exchange = None
             return {"aborted": True, "code": e.code.value[0], "reason": e.message}, []
         finally:
             eng.coordinated = False
             eng.prepared.clear()
-        self._open_specs += list(zip(h["tes"], tables, strict=True))
+        self._open_specs += list(zip(h["tes"], inputs, strict=True))
         self._open_params = h.get("params")
+        self._open_exchange = exchange or self._open_exchange
         self._open_stored |= stored
         eng.counters["fragments"] += 1
         streams = sorted(emitted)
@@ -241,9 +250,26 @@ class Dataflow:
         return reply, out + results
 
     def run_specs(
+        self,
+        ts: int,
+        specs: list[dict[str, Any]],
+        tables: list[pa.Table],
+        params: dict[str, Any] | None,
+        exchange: Exchange | None = None,
+    ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
+        """Runs TEs given one by one (a fragment, or replayed TEs): no PE trigger fires.
+
+        With `exchange`, the fragment's state TE runs over the merged rows of a batch spanning partitions.
+        """
+        self.engine.exchange = exchange
+        try:
+            return self._run_specs(ts, specs, tables, params)
+        finally:
+            self.engine.exchange = None
+
+    def _run_specs(
         self, ts: int, specs: list[dict[str, Any]], tables: list[pa.Table], params: dict[str, Any] | None
     ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
-        """Runs TEs given one by one (a fragment, or replayed TEs): no PE trigger fires."""
         run = _Run(self, ts, {})
         run.call_params = params
         emitted: dict[str, list[pa.Table]] = {}
@@ -266,14 +292,20 @@ class Dataflow:
         return emitted, stored, results, result_ids
 
     def replay_tes(
-        self, ts: int, specs: list[dict[str, Any]], tables: list[pa.Table], params: dict[str, Any] | None, mark: Any
+        self,
+        ts: int,
+        specs: list[dict[str, Any]],
+        tables: list[pa.Table],
+        params: dict[str, Any] | None,
+        mark: Any,
+        exchange: Exchange | None = None,
     ) -> None:
         """Re-executes logged TEs as one transaction, PE triggers off (strong recovery)."""
         eng = self.engine
         saved = eng.windows.snapshot()
         eng.con.execute("BEGIN")
         try:
-            _, stored, _, _ = self.run_specs(ts, specs, tables, params)
+            _, stored, _, _ = self.run_specs(ts, specs, tables, params, exchange)
             self._commit_with_mark(ts, mark, stored)
         except BaseException:
             self._rollback(saved)
@@ -298,12 +330,13 @@ class Dataflow:
         if h["commit"] and self._open:
             self._commit_with_mark(ts, h.get("mark"), self._open_stored)
             if self.journal is not None:
-                self.journal.fragments(ts, self._open_specs, self._open_params, h.get("mark"))
+                self.journal.fragments(ts, self._open_specs, self._open_params, h.get("mark"), self._open_exchange)
         elif self._open:
             self._rollback(self._open_windows)
         self._open = False
         self._open_stored = set()
         self._open_specs = []
+        self._open_exchange = None
         eng.last_ts = max(eng.last_ts, ts)
         rejection = h.get("rejection")
         if rejection is not None:
@@ -348,25 +381,40 @@ class Dataflow:
         A pre_process that fails is left for its TE, which aborts properly.
         """
         eng = self.engine
-        cat = eng.catalog
-        events: list[Event] = []
+        consumers: dict[str, tuple[str, StateProcedure] | None] = {}
+        taken: list[tuple[Push, str, StateProcedure]] = []
+        by_stream: dict[str, list[pa.Table]] = {}
         for p in pushes:
-            consumers = cat.consumers.get(p.stream, [])
-            proc = cat.procedures.get(consumers[0]) if len(consumers) == 1 else None
-            if proc is None or proc.python is None:
-                continue
-            fn = eng.loader.resolve(proc.python)
-            if not isinstance(fn, StateProcedure):
-                continue
-            prepared = [Event(row, p.ts) for row in p.batch.to_pylist()]
+            if p.stream not in consumers:
+                consumers[p.stream] = self._state_consumer(p.stream)
+            consumer = consumers[p.stream]
+            if consumer is not None:
+                taken.append((p, *consumer))
+                by_stream.setdefault(p.stream, []).append(p.batch)
+        rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
+        events: list[Event] = []
+        for p, name, fn in taken:
+            ts = p.ts
+            prepared = [Event(row, ts) for row in next(rows[p.stream])]
             try:
                 for ev in prepared:
                     fn.pre_process(ev)
             except Exception:
                 continue
-            eng.prepared[(p.ts, proc.name)] = prepared
+            eng.prepared[(ts, name)] = prepared
             events += prepared
         eng.state.load_for(events)
+        eng.prepared_epoch = eng.state.ws.epoch
+
+    def _state_consumer(self, stream: str) -> tuple[str, StateProcedure] | None:
+        """The state procedure consuming `stream`, if it is the stream's only consumer."""
+        cat = self.engine.catalog
+        consumers = cat.consumers.get(stream, [])
+        proc = cat.procedures.get(consumers[0]) if len(consumers) == 1 else None
+        if proc is None or proc.python is None:
+            return None
+        fn = self.engine.python_code(proc.python)
+        return (proc.name, fn) if isinstance(fn, StateProcedure) else None
 
     def _keep(self, keep: dict[str, list[int]]) -> None:
         for stream, batch_ids in keep.items():
@@ -385,11 +433,11 @@ class Dataflow:
         cat = self.engine.catalog
         proc = cat.procedures[procedure]
         if tx.input_stream is not None and tx.batch is not None and not tx.away:
-            for window in cat.owned_windows(procedure):
+            for window in self.engine.owned_windows(procedure):
                 tx.register_input()
                 self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
         if proc.python is not None:  # registers the batch only if it runs SQL (Transaction.sql)
-            tx.run_python(self.engine.loader.resolve(proc.python))
+            tx.run_python(self.engine.python_code(proc.python))
         else:
             tx.register_input()
             tx.run_plan(tx.statements_of(procedure))
@@ -417,6 +465,7 @@ class _Run:
         self._saved_inputs: dict[str, pa.Table] = {}
         self.logged: list[tuple[dict[str, Any], pa.Table | None]] = []  # committed TEs, for strong logging
         self._logged_at = 0
+        self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
 
     def start_push(self, p: Push) -> None:
         """The batch's entry TEs: every consumer of its stream, taken or refused together.
@@ -427,7 +476,7 @@ class _Run:
         cat = self.eng.catalog
         self.push = p
         consumers = cat.consumers.get(p.stream, [])
-        groups = {g for g in map(cat.group_of, consumers) if g is not None}
+        groups = {g for g in map(self.eng.group_of, consumers) if g is not None}
         unit = groups.pop() if groups else (BORDER_UNIT if len(consumers) > 1 else None)
         first = consumers[0] if consumers else None
         self.pending.append(_TE(first, p.stream, unit, border=True, entry=True))
@@ -435,7 +484,7 @@ class _Run:
 
     def start_call(self, procedure: str, params: dict[str, Any]) -> None:
         self.call_params = params
-        self.pending.append(_TE(procedure, None, self.eng.catalog.group_of(procedure)))
+        self.pending.append(_TE(procedure, None, self.eng.group_of(procedure)))
 
     def finish(self, keep: dict[str, list[int]]) -> Outcome:
         """After the commit: notes the output batches to keep for subscribers in `keep`."""
@@ -489,17 +538,22 @@ class _Run:
 
     # -------------------------------------------------------------- helpers
     def _transaction(self, te: _TE) -> Transaction:
+        batch = self.inputs.get(te.stream) if te.stream else None
+        known = self.values.get(te.stream) if batch is not None else None
         return Transaction(
             self.eng,
             te.procedure,
             self.ts,
             te.stream,
-            self.inputs.get(te.stream) if te.stream else None,
+            batch,
             self.call_params if te.stream is None else None,
+            known[1] if known is not None and known[0] is batch else None,
         )
 
     def _next(self) -> _TE:
         """The ready TE to run next: a member of the open group first, else by topological rank."""
+        if len(self.pending) == 1:
+            return self.pending.pop()
         rank = self.eng.catalog.topo_rank
         candidates = [t for t in self.pending if self._group is not None and t.group == self._group]
         pool = candidates or self.pending
@@ -535,7 +589,7 @@ class _Run:
             if te.stream in cat.retained:  # stored with the interval's other output, at the commit
                 self.eng.state.pending_out.setdefault(te.stream, []).append((self.ts, self.inputs[te.stream]))
                 tx.stored.add(te.stream)
-            elif cat.triggers_on("stream", te.stream):
+            elif self.eng.stream_triggers(te.stream):
                 tx.register_input()
                 tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
         if te.procedure is not None:
@@ -557,8 +611,11 @@ class _Run:
             self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
             if prior is not None:
                 continue  # its consumers are scheduled already and will read the grown batch
+            known = tx.emitted_values.get(stream)
+            if known is not None and known[0] is rows:
+                self.values[stream] = known
             for proc in cat.consumers.get(stream, []):
-                self.pending.append(_TE(proc, stream, cat.group_of(proc), origin_group=group))
+                self.pending.append(_TE(proc, stream, self.eng.group_of(proc), origin_group=group))
 
     def _abort(self, te: _TE, error: StreamTxError) -> None:
         """Undoes the open transaction (the TE, or its whole group) and reports it."""
@@ -590,3 +647,19 @@ class _Run:
             return
         eng.counters["tes_aborted"] += 1
         self.out.aborted_tes.append(f"{te.procedure}: {reason}")
+
+
+def _rows_per_batch(batches: list[pa.Table]) -> list[list[Row]]:
+    """Each batch's rows (`to_pylist`), converted together: one conversion per interval, not per batch."""
+    if len(batches) == 1:
+        return [table_rows(batches[0])]
+    try:
+        rows = pa.concat_tables(batches).combine_chunks().to_pylist()
+    except pa.ArrowInvalid:  # schemas differ: one by one
+        return [table_rows(b) for b in batches]
+    out = []
+    at = 0
+    for b in batches:
+        out.append(rows[at : at + b.num_rows])
+        at += b.num_rows
+    return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -25,6 +26,7 @@ from streamtx.errors import Aborted, FailedPrecondition, Internal, InvalidArgume
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import owner_filter
+from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
@@ -63,8 +65,13 @@ class Engine:
         self.windows = Windows(self)
         self.state = StateStore(self)
         self.prepared: dict[tuple[int, str], list[Event]] = {}  # (ts, procedure) -> pre-processed events
+        self.prepared_epoch = -1  # the working set's epoch when their keys were loaded
+        self._python: dict[str, Callable[..., Any]] = {}  # python_code
+        self._facts_of: Catalog | None = None  # the catalog `_facts_cache` describes
+        self._facts_cache: dict[tuple[str, str], Any] = {}
         self.map = PartitionMap.round_robin(1, 1)
         self.coordinated = False  # running a fragment of a coordinated command: the front routes its output
+        self.exchange: Exchange | None = None  # a state TE spanning partitions: the rows they merged (exchange.py)
         for key_type in KEY_TYPES:
             self.con.create_function(
                 owner_filter(key_type),
@@ -91,6 +98,7 @@ class Engine:
         self.con.execute("COMMIT")
         self.catalog = catalog
         self.compile_for.cache_clear()
+        self._python.clear()
         self.windows.load()
         self.load_marks()
         self.state.refresh_schema()
@@ -134,6 +142,43 @@ class Engine:
         if procedure is None:
             return frozenset()
         return self.catalog.plans[procedure].emits
+
+    def group_of(self, procedure: str) -> str | None:
+        """`catalog.group_of`, remembered for the catalog: the scheduler asks for every TE."""
+        facts = self._facts()
+        key = ("group", procedure)
+        if key not in facts:
+            facts[key] = self.catalog.group_of(procedure)
+        return facts[key]
+
+    def stream_triggers(self, stream: str) -> tuple[str, ...]:
+        """`catalog.triggers_on("stream", stream)`, remembered for the catalog: asked whenever tuples enter."""
+        facts = self._facts()
+        key = ("triggers", stream)
+        if key not in facts:
+            facts[key] = tuple(self.catalog.triggers_on("stream", stream))
+        return facts[key]
+
+    def owned_windows(self, procedure: str) -> tuple[str, ...]:
+        """`catalog.owned_windows`, remembered for the catalog: asked for every TE with an input."""
+        facts = self._facts()
+        key = ("windows", procedure)
+        if key not in facts:
+            facts[key] = tuple(self.catalog.owned_windows(procedure))
+        return facts[key]
+
+    def _facts(self) -> dict[tuple[str, str], Any]:
+        if self._facts_of is not self.catalog:
+            self._facts_of = self.catalog
+            self._facts_cache = {}
+        return self._facts_cache
+
+    def python_code(self, ref: str) -> Callable[..., Any]:
+        """`loader.resolve(ref)`, remembered: every TE of a Python procedure needs it, and it never changes."""
+        code = self._python.get(ref)
+        if code is None:
+            code = self._python[ref] = self.loader.resolve(ref)
+        return code
 
     # ----------------------------------------------------- exactly-once marks
     def load_marks(self) -> None:

@@ -6,7 +6,8 @@ Modes (`--durability`):
   batch (PUSH: its stream, producer, batch id, timestamp and tuples), OLTP call
   (CALL), front-side rejection (REJECT), deploy (INSTALL), and the fragments of
   coordinated commands it committed (FRAGMENTS: their inputs came from other
-  partitions, so they cannot be re-derived here). Replay re-runs each command
+  partitions, so they cannot be re-derived here; a state TE's fragment keeps
+  the rows the partitions merged for it, partition/exchange.py). Replay re-runs each command
   with PE triggers on, which re-derives every interior TE (upstream backup).
 - `strong`: every committed TE is logged, border and interior alike (TE: the
   procedure, its input tuples or parameters, its timestamp, the batch's dedup
@@ -45,6 +46,7 @@ from streamtx.recovery import (
 from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
+from streamtx.server.partition.exchange import Exchange
 
 if TYPE_CHECKING:
     from streamtx.server.partition.dataflow import Dataflow, Outcome, Push, _Run
@@ -111,10 +113,19 @@ class Journal:
         self._append(DONE, ts, {}, [])
 
     def fragments(
-        self, ts: int, specs: list[tuple[dict[str, Any], pa.Table]], params: dict[str, Any] | None, mark: Any
+        self,
+        ts: int,
+        specs: list[tuple[dict[str, Any], pa.Table]],
+        params: dict[str, Any] | None,
+        mark: Any,
+        exchange: Exchange | None = None,
     ) -> None:
+        """A coordinated command's fragments committed here, with the merged state rows a state TE used."""
         head = {"specs": [s for s, _ in specs], "params": params, "mark": mark}
-        self._append(FRAGMENTS, ts, head, [t for _, t in specs])
+        extra: list[pa.Table] = []
+        if exchange is not None:
+            head["exchange"], extra = exchange.wire()
+        self._append(FRAGMENTS, ts, head, [t for _, t in specs] + extra)
 
     def _tes(
         self,
@@ -228,7 +239,9 @@ class Journal:
         elif kind == DONE:
             pass
         elif kind == FRAGMENTS:
-            flow.replay_tes(ts, head["specs"], tables, head["params"], head["mark"])
+            n = len(head["specs"])
+            exchange = Exchange.from_wire(head.get("exchange"), tables[n:])
+            flow.replay_tes(ts, head["specs"], tables[:n], head["params"], head["mark"], exchange)
         elif kind == Kind.TE:
             if head["i"] == 0:
                 pending.clear()

@@ -25,7 +25,10 @@ from streamtx.server.catalog.compile import (
     compile_statement,
 )
 from streamtx.server.catalog.placement import EVERYWHERE
-from streamtx.server.statetx import Event, StateProcedure, apply_event
+from streamtx.server.partition.exchange import run_replicated
+from streamtx.server.partition.ownership import check_local
+from streamtx.server.partition.state import Values, table_rows
+from streamtx.server.statetx import Event, Row, StateProcedure, apply_event
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -47,6 +50,7 @@ class Transaction:
         input_stream: str | None = None,
         batch: pa.Table | None = None,
         params: dict[str, Any] | None = None,
+        batch_values: list[Values] | None = None,
     ) -> None:
         self.engine = engine
         self.con = engine.con
@@ -54,8 +58,11 @@ class Transaction:
         self.batch_id = batch_id
         self.input_stream = input_stream
         self.batch = batch
+        self.batch_values = batch_values
+        """`batch`'s rows as a state procedure emitted them, in column order, when known: no Arrow round trip."""
         self.params = params or {}
         self.emitted: dict[str, list[pa.Table]] = {}
+        self.emitted_values: dict[str, tuple[pa.Table, list[Values]]] = {}  # a state procedure's output rows
         self.stored: set[str] = set()  # retained streams this TE stored tuples on
         self.results: list[pa.Table] = []
         self.statements = 0
@@ -151,29 +158,69 @@ class Transaction:
         if self.batch is None:
             raise InvalidArgument(f"state procedure {self.procedure} needs an input stream (ON STREAM)")
         eng = self.engine
+        if eng.exchange is not None:  # its batch spans partitions: the merged rows came with the fragment
+            run_replicated(self, proc, eng.exchange)
+            return
+        state = eng.state
+        ws = state.ws
         events = eng.prepared.pop((self.batch_id, self.procedure), None)
+        loaded = events is not None and eng.prepared_epoch == ws.epoch  # no barrier since `_prepare` loaded them
         if events is None:
-            events = [Event(row, self.batch_id) for row in self.batch.to_pylist()]
+            if self.batch_values is not None:
+                names = self.batch.column_names
+                rows = [dict(zip(names, values, strict=True)) for values in self.batch_values]
+            else:
+                rows = table_rows(self.batch)
+            batch_id = self.batch_id
+            events = [Event(row, batch_id) for row in rows]
             for ev in events:
                 proc.pre_process(ev)
-        eng.state.load_for(events)
-        ws = eng.state.ws
+        check_local(eng, self.procedure, events)
+        if not loaded:
+            state.load_for(events)
         rejected = 0
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[Row]] = {}
         for ev in events:
             apply_event(ev, ws)
         for ev in events:
             proc.post_process(ev)
             rejected += ev.rejected
             for stream, row in ev.out:
-                out.setdefault(stream, []).append(row)
-        eng.counters["events"] += len(events)
-        eng.counters["events_rejected"] += rejected
-        for stream, rows in out.items():
-            self.emit(stream, rows)
+                rows_out = out.get(stream)
+                if rows_out is None:
+                    out[stream] = [row]
+                else:
+                    rows_out.append(row)
+        counters = eng.counters
+        counters["events"] += len(events)
+        counters["events_rejected"] += rejected
+        for stream, rows_out in out.items():
+            self._emit_state_rows(stream, rows_out)
         if eng.executor == "serial":
-            eng.state.write_back()
-            eng.state.ws.clear()
+            state.write_back()
+            ws.clear()
+
+    def _emit_state_rows(self, stream: str, rows: list[Row]) -> None:
+        """A state procedure's output: `emit`, built straight from the rows when they fit the stream's shape.
+
+        Tuples for a retained stream stay rows until the commit stores the
+        interval's at once; tuples for consumers become one table, and their
+        consumers get the rows too (`emitted_values`), so a state procedure
+        downstream skips reading them back from Arrow.
+        """
+        state = self.engine.state
+        shape = state.shape(stream)
+        values = shape.values(rows) if shape is not None else None
+        if values is None or stream not in self.engine.python_emits(self.procedure):
+            self.emit(stream, rows)
+            return
+        if stream in self.engine.catalog.retained:
+            state.pending_out.setdefault(stream, []).append((self.batch_id, values))
+            self.stored.add(stream)
+            return
+        table = shape.table(values)
+        self._emitted(stream, table)
+        self.emitted_values[stream] = (table, values)
 
     def run_compiled(self, compiled: Compiled) -> None:
         """Runs one compiled statement of an EE trigger (no parameters but the batch id)."""
@@ -186,7 +233,7 @@ class Transaction:
 
     def fire_stream_triggers(self, stream: str, rows: pa.Table) -> None:
         """Runs the EE triggers of `stream` over `rows`, just inserted into it."""
-        names = self.engine.catalog.triggers_on("stream", stream)
+        names = self.engine.stream_triggers(stream)
         if not names:
             return
         self._depth += 1

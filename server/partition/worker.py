@@ -31,6 +31,7 @@ from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
+from streamtx.server.partition.exchange import read_owned
 from streamtx.server.partition.journal import MODES, Journal
 from streamtx.server.pyproc import ProcedureLoader
 
@@ -250,6 +251,8 @@ class Worker:
             return out.header(), []
         if op == "fragment":
             return self.dataflow.run_fragment(h, tables)
+        if op == "state_read":  # round 1 of a state TE spanning partitions (partition/exchange.py)
+            return read_owned(eng, h["procedure"], h["ts"], tables[0])
         if op == "decide":
             return self.dataflow.decide(h), []
         if op == "call":

@@ -1,0 +1,48 @@
+"""Round 1 of a state TE whose batch's keys span partitions: every involved partition's rows, merged.
+
+A state procedure declares its accesses in Python, per event, on the
+partitions; the front knows only the partitions its PARTITION ON columns
+name (plus home, which emits the outputs). So the coordinator asks each of
+them for the current rows of the keys the batch's events name that it holds
+(`state_read`), merges them, and sends the merged rows with the TE's
+fragment to every involved partition, which runs the whole batch over them
+(deterministic replicated execution, server/partition/exchange.py). The
+rows then travel once per command, not once per dependency, and the usual
+two-phase commit follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from streamtx.server.front.partitions import HOME
+from streamtx.server.partition.exchange import Exchange
+
+if TYPE_CHECKING:
+    from streamtx.server.front.front import Front
+
+Fragments = dict[int, tuple[dict[str, Any], list[pa.Table]]]
+
+
+def involved(front: Front, procedure: str, rows: pa.Table) -> list[int]:
+    """The partitions an event-keyed TE over `rows` runs on: those of its keys, and home (it emits)."""
+    keys = front.catalog.placement.event_keys[procedure]
+    return sorted({HOME, *front.map.partitions_of(rows, keys)})
+
+
+async def attach_rows(front: Front, procedure: str, rows: pa.Table, ts: int, fragments: Fragments) -> None:
+    """Reads the rows from every fragment's partition and adds the merged rows to every fragment."""
+    parts = sorted(fragments)
+    header = {"op": "state_read", "procedure": procedure, "ts": ts}
+    replies = await asyncio.gather(*(front.partitions[p].request(header, [rows]) for p in parts))
+    found: dict[str, list[pa.Table]] = {}
+    for head, tables in replies:
+        for name, table in zip(head["tables"], tables, strict=True):
+            found.setdefault(name, []).append(table)
+    merged = {name: pa.concat_tables(parts_) if len(parts_) > 1 else parts_[0] for name, parts_ in found.items()}
+    for p, (fragment, tables) in fragments.items():
+        fragment["exchange"], extra = Exchange(merged, frozenset(parts), p == HOME).wire()
+        tables.extend(extra)

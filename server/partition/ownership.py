@@ -1,0 +1,136 @@
+"""Which partition holds the row a state operation names, and the check that a TE's partition holds them.
+
+A state operation names a row by its table's primary key. Where that row
+lives follows from the table's placement: a table partitioned by its primary
+key has it on the partition owning the key's bin; a single table on the home
+partition; a replicated table everywhere (readable anywhere, written
+nowhere: a state TE runs on one partition or a few, and would leave the
+other copies behind). A table partitioned by another column cannot be placed
+by the key alone: a local TE is trusted to address rows of its partition
+(the voter writes `votes` by vote id on the phone's partition), a TE that
+spans partitions is refused.
+
+A state TE that reads a row its partition does not hold would silently see a
+missing row, so `check_local` refuses it loudly instead: the event names a
+key its procedure's placement (stream PARTITION BY, or PARTITION ON columns)
+did not cover.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+
+from streamtx.errors import FailedPrecondition
+from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
+from streamtx.server.statetx import Event
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.engine import Engine
+
+BY_KEY = "by-key"  # partitioned by its primary key
+BY_OTHER = "by-other-column"  # partitioned by another column
+
+
+def placement_of(engine: Engine, table: str) -> str | None:
+    """REPLICATED, SINGLE, BY_KEY or BY_OTHER; None for a table the catalog does not know."""
+    kind = engine.catalog.placement.tables.get(table)
+    if kind != PARTITIONED:
+        return kind
+    key = engine.state.keys.get(table)
+    return BY_KEY if key is not None and key == engine.catalog.tables[table].partition_by else BY_OTHER
+
+
+def owners(engine: Engine, table: str, keys: list[Any], where: str) -> np.ndarray:
+    """The partition holding each key's row of a SINGLE or BY_KEY table."""
+    if where == SINGLE or engine.map.partitions == 1:
+        return np.zeros(len(keys), dtype=np.int32)
+    return engine.map.owners(pa.array(keys))
+
+
+def declared(events: Iterable[Event]) -> tuple[dict[str, list[Any]], set[str]]:
+    """The keys the events' operations name per table (dependencies included), and the tables they write."""
+    keys: dict[str, list[Any]] = {}
+    writes: set[str] = set()
+    for ev in events:
+        for op in ev.ops:
+            keys.setdefault(op.table, []).append(op.key)
+            if op.kind != "read":
+                writes.add(op.table)
+            for table, key in op.reads:
+                keys.setdefault(table, []).append(key)
+    return keys, writes
+
+
+def refuse_replicated_write(procedure: str | None, table: str) -> FailedPrecondition:
+    return FailedPrecondition(
+        f"procedure {procedure}: an event writes replicated table {table!r}; a state procedure's TE runs on "
+        "one partition or a few, so it may read replicated tables but not write them"
+    )
+
+
+def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> None:
+    """Every row the events name is this partition's: else the TE fails, naming the first stray key."""
+    tables = engine.catalog.placement.tables
+    if engine.map.partitions == 1 and REPLICATED not in tables.values():
+        return
+    keys, writes = declared(events)
+    me = engine.partition
+    for table in sorted(keys):
+        where = placement_of(engine, table)
+        if where == REPLICATED and table in writes:
+            raise refuse_replicated_write(procedure, table)
+        if where not in (SINGLE, BY_KEY) or engine.map.partitions == 1:
+            continue
+        found = owners(engine, table, keys[table], where)
+        stray = np.flatnonzero(found != me)
+        if len(stray):
+            i = int(stray[0])
+            raise FailedPrecondition(
+                f"procedure {procedure}: an event names {table}[{keys[table][i]!r}], which lives on partition "
+                f"{int(found[i])}, but its batch runs on partition {me} ({_placed_by(engine, procedure)}); "
+                f"{_hint(engine, procedure)}"
+            )
+
+
+def _placed_by(engine: Engine, procedure: str | None) -> str:
+    proc = engine.catalog.procedures.get(procedure or "")
+    if proc is not None and proc.key_columns:
+        return f"the partition of every key in its PARTITION ON columns {', '.join(proc.key_columns)}"
+    if proc is not None and proc.on_stream and engine.catalog.streams[proc.on_stream].partition_by:
+        return (
+            f"the partition of its stream's PARTITION BY column {engine.catalog.streams[proc.on_stream].partition_by}"
+        )
+    return "a procedure without PARTITION ON runs on partition 0"
+
+
+def _hint(engine: Engine, procedure: str | None) -> str:
+    proc = engine.catalog.procedures.get(procedure or "")
+    if proc is not None and proc.key_columns:
+        return "list every event column holding a key the procedure accesses in PARTITION ON (...)"
+    return "declare the event columns holding the keys it accesses: CREATE PROCEDURE ... PARTITION ON (columns)"
+
+
+def covered(engine: Engine, procedure: str | None, table: str, keys: list[Any], involved: frozenset[int]) -> None:
+    """In a TE spanning partitions: every row named lives on one of the involved partitions."""
+    where = placement_of(engine, table)
+    if where == BY_OTHER:
+        raise FailedPrecondition(
+            f"procedure {procedure}: table {table!r} is partitioned by {engine.catalog.tables[table].partition_by!r},"
+            f" not by its primary key, so the rows a state transaction spanning partitions names by key cannot be "
+            f"placed; PARTITION BY ({engine.state.keys.get(table)}) instead"
+        )
+    if where not in (SINGLE, BY_KEY):
+        return
+    found = owners(engine, table, keys, where)
+    stray = [i for i, p in enumerate(found.tolist()) if p not in involved]
+    if stray:
+        i = stray[0]
+        raise FailedPrecondition(
+            f"procedure {procedure}: an event names {table}[{keys[i]!r}], which lives on partition {int(found[i])}, "
+            f"but its batch involves partitions {', '.join(map(str, sorted(involved)))} "
+            f"({_placed_by(engine, procedure)}); {_hint(engine, procedure)}"
+        )
