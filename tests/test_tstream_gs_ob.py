@@ -149,10 +149,10 @@ def test_matches_reference(servers, workload, seed, events, records, theta, batc
 
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", [gs, ob], ids=["gs", "ob"])
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=4, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
-    events=st.integers(1000, 3000),
+    events=st.integers(1000, 2000),
     records=st.sampled_from([10, 100, 10_000]),
     theta=st.sampled_from([0.0, 0.6, 0.99]),
     batch_size=st.integers(20, 300),
