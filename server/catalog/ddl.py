@@ -765,18 +765,32 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
 def _name_list(c: _Cursor, after: str) -> tuple[str, ...]:
     """`(a, b, ...)`: one or more distinct names."""
     inner, open_, close = c.group(f"after {after}")
+    return _distinct_names(
+        c,
+        inner,
+        open_,
+        close,
+        expected=f"{after} lists column names",
+        twice=f'{after} lists column "{{name}}" twice',
+        empty=f"{after} () lists no column",
+    )
+
+
+def _distinct_names(
+    c: _Cursor, inner: list[_Tok], open_: _Tok, close: _Tok, *, expected: str, twice: str, empty: str
+) -> tuple[str, ...]:
+    """The distinct names of a parenthesized list; the messages say what the list holds."""
     names: list[str] = []
-    if inner:
-        for item, comma in _split_commas(inner):
-            if len(item) != 1 or item[0].kind not in ("word", "qident"):
-                bad = item[1] if len(item) > 1 else item[0] if item else comma or close
-                c.fail(f"{after} lists column names, found {_show(bad)}", bad)
-            name = _ident(item[0])
-            if name in names:
-                c.fail(f'{after} lists column "{name}" twice', item[0])
-            names.append(name)
+    for item, comma in _split_commas(inner) if inner else ():
+        if len(item) != 1 or item[0].kind not in ("word", "qident"):
+            bad = item[1] if len(item) > 1 else item[0] if item else comma or close
+            c.fail(f"{expected}, found {_show(bad)}", bad)
+        name = _ident(item[0])
+        if name in names:
+            c.fail(twice.format(name=name), item[0])
+        names.append(name)
     if not names:
-        c.fail(f"{after} () lists no column", open_)
+        c.fail(empty, open_)
     return tuple(names)
 
 
@@ -812,20 +826,17 @@ def _parse_index(c: _Cursor) -> CreateIndex:
 def _parse_group(c: _Cursor) -> CreateGroup:
     name = c.name("a group name")
     inner, open_, close = c.group("procedure, ... ) after the group name")
-    procs: list[str] = []
-    if inner:
-        for item, comma in _split_commas(inner):
-            if len(item) != 1 or item[0].kind not in ("word", "qident"):
-                bad = item[1] if len(item) > 1 else item[0] if item else comma or close
-                c.fail(f"expected a procedure name, found {_show(bad)}", bad)
-            proc = _ident(item[0])
-            if proc in procs:
-                c.fail(f'procedure "{proc}" is listed twice', item[0])
-            procs.append(proc)
-    if not procs:
-        c.fail("a transaction group lists at least one procedure", open_)
+    procs = _distinct_names(
+        c,
+        inner,
+        open_,
+        close,
+        expected="expected a procedure name",
+        twice='procedure "{name}" is listed twice',
+        empty="a transaction group lists at least one procedure",
+    )
     c.finish()
-    return CreateGroup(name, tuple(procs), c.line)
+    return CreateGroup(name, procs, c.line)
 
 
 def _parse_drop(c: _Cursor) -> Drop:
