@@ -21,6 +21,7 @@ from grpc_reflection.v1alpha import reflection
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.front import Front
 from streamtx.server.front.service import StreamTxService
+from streamtx.server.launch import Launch
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 
@@ -30,10 +31,10 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
 class Server:
     """A running streamtx server (front + partitions), for the CLI and tests."""
 
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, launched: Launch | None = None) -> None:
         config.validate()
         self.config = config
-        self.front = Front(config)
+        self.front = Front(config, launched)
         self.port = 0
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
@@ -100,10 +101,10 @@ class Server:
                 await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
-def serve(config: ServerConfig) -> None:
+def serve(config: ServerConfig, launched: Launch | None = None) -> None:
     """Runs a server until SIGTERM/SIGINT; uses uvloop unless told not to."""
     try:
-        _run(Server(config), config.use_uvloop)
+        _run(Server(config, launched), config.use_uvloop)
     finally:
         gc.collect()  # release DuckDB objects before interpreter teardown
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import inspect
 import os
 import sys
 import time
@@ -671,12 +670,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         config.validate()
     except ValueError as e:
         raise InvalidArgument(str(e)) from None
+    from streamtx.server.launch import launch
+
+    launched = launch(config)  # the workers start importing while this process imports the front
     from streamtx.server.serve import serve
 
-    outcome = serve(config)
-    if inspect.iscoroutine(outcome):  # tolerate an async serve()
-        asyncio.run(outcome)
-    return EXIT_OK
+    serve(config, launched)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_OK)  # everything is stopped and closed; skips ≈ 0.2 s of interpreter teardown
 
 
 def _run_forwarded(command: str, argv: list[str]) -> int:

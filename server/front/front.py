@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import fcntl
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.launch import Launch, launch
 from streamtx.server.partitioning import PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
 
@@ -40,8 +40,9 @@ CATALOG_FILE = "catalog.json"
 
 
 class Front:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, launched: Launch | None = None) -> None:
         self.config = config
+        self._launched = launched  # started early by `streamtx serve` (launch.py), else at `start`
         self.data_dir = Path(config.data_dir)
         self.loader = ProcedureLoader(config.procedures_path)
         self.catalog = Catalog()
@@ -59,18 +60,15 @@ class Front:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._lock_file = open(self.data_dir / "LOCK", "w")  # noqa: SIM115 - held for the server's life
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise SystemExit(f"streamtx: data directory {self.data_dir} is in use by another server") from None
+        launched = self._launched or launch(self.config)
+        self._launched = None
+        self._lock_file = launched.lock
         self.catalog = await asyncio.to_thread(Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve)
         self.map = await asyncio.to_thread(
             PartitionMap.load_or_create, self.data_dir, self.config.partitions, self.map.bins
         )
         self.map.owners(pa.array([0, None], pa.int64()))  # loads the hash's Arrow kernels now, not on a push
-        await self.partitions.start()
+        await self.partitions.attach(launched.workers)
         await self._recover()
         ddl = [s.sql for s in create_statements(self.catalog)]
         await self.partitions.broadcast(

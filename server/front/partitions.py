@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 import signal
-import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +21,7 @@ import pyarrow as pa
 from streamtx.errors import Unavailable, error_for
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, encode, pack, read_frame, unpack
+from streamtx.server.launch import Spawned
 
 Reply = tuple[dict[str, Any], list[pa.Table]]
 HOME = 0
@@ -54,38 +52,10 @@ class Partition:
     def queued(self) -> int:
         return len(self._pending)
 
-    async def start(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        cmd = [
-            sys.executable,
-            "-m",
-            "streamtx.server.partition.worker",
-            "--fd",
-            str(theirs.fileno()),
-            "--partition",
-            str(self.index),
-            "--parent",
-            str(os.getpid()),
-            "--procedures-path",
-            str(self.config.procedures_path),
-            "--retention",
-            str(self.config.stream_retention),
-            "--executor",
-            self.config.executor,
-            "--interval-size",
-            str(self.config.interval_size),
-            "--interval-ms",
-            str(self.config.interval_ms),
-            "--durability",
-            self.config.durability,
-            "--data-dir",
-            str(Path(self.config.data_dir) / f"partition-{self.index}"),
-            "--group-commit-ms",
-            str(self.config.group_commit_ms),
-        ]
-        self.proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], start_new_session=False)
-        theirs.close()
-        reader, self._writer = await asyncio.open_unix_connection(sock=ours, limit=1 << 24)
+    async def attach(self, spawned: Spawned) -> None:
+        """Takes over a started worker (launch.py) and reads its replies from now on."""
+        self.proc = spawned.proc
+        reader, self._writer = await asyncio.open_unix_connection(sock=spawned.sock, limit=1 << 24)
         self._reader_task = asyncio.create_task(self._read_replies(reader), name=f"partition-{self.index}")
 
     def send(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> asyncio.Future[Reply]:
@@ -176,8 +146,8 @@ class Partitions:
     def __init__(self, config: ServerConfig) -> None:
         self.all = [Partition(i, config) for i in range(config.partitions)]
 
-    async def start(self) -> None:
-        await asyncio.gather(*(p.start() for p in self.all))
+    async def attach(self, spawned: list[Spawned]) -> None:
+        await asyncio.gather(*(p.attach(s) for p, s in zip(self.all, spawned, strict=True)))
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.all), return_exceptions=True)

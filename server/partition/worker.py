@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> None:
         worker.journal.log.close()
         worker.engine.con.close()
         sock.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # closed above; skips interpreter teardown, which the front waits for
 
 
 if __name__ == "__main__":
