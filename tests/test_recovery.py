@@ -67,10 +67,10 @@ def crash_loop(srv: EmbeddedServer, stream: str, batches: list[pa.Table], seed: 
     rng = random.Random(seed)
     first = 1
     for _ in range(CRASHES):
-        first = push_until_killed(srv, stream, batches, first, rng.uniform(0.05, 0.9))
+        first = push_until_killed(srv, stream, batches, first, rng.uniform(0.05, 0.6))
         if rng.random() < 0.3:  # a crash during recovery itself
             srv.start(wait=False)
-            time.sleep(rng.uniform(0.3, 2.0))
+            time.sleep(rng.uniform(0.2, 1.2))
             srv.kill()
         srv.start()
     with Client(srv.target, producer_id="crash-producer") as c:
