@@ -27,6 +27,7 @@ from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import owner_filter
 from streamtx.server.partition.exchange import Exchange
+from streamtx.server.partition.relations import Relations
 from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
@@ -57,6 +58,7 @@ class Engine:
         for sql in SYSTEM_DDL:
             self.con.execute(sql)
         self.catalog = Catalog()
+        self.relations = Relations(self.con)
         self.marks: dict[tuple[str, str], int] = {}
         self.retained: dict[str, collections.deque[int]] = {}
         self.trimmed_through: dict[str, int] = {}
@@ -97,6 +99,7 @@ class Engine:
             raise Internal(f"partition {self.partition}: deploy failed on {sql!r}: {error_text(e)}") from None
         self.con.execute("COMMIT")
         self.catalog = catalog
+        self.relations.reset(catalog)
         self.compile_for.cache_clear()
         self._python.clear()
         self.windows.load()

@@ -280,7 +280,7 @@ class Transaction:
         self.fire_stream_triggers(stream, rows)
 
     def _register(self, name: str, table: pa.Table) -> None:
-        self.con.register(name, table)
+        self.engine.relations.bind(name, table)
 
 
 def error_text(e: Exception) -> str:
