@@ -165,3 +165,15 @@ def test_a_state_procedure_without_partition_on_refuses_rows_of_other_partitions
     assert f"counters[{K1[0]}], which lives on partition 1, but its batch runs on partition 0" in away.reason
     assert "declare the event columns" in away.reason
     assert sorted(c.query("SELECT key, n FROM counters").fetchall()) == sorted([(K0[0], 2), (K0[1], 2)])
+
+
+@pytest.mark.parametrize("partitions", [1, P])
+def test_a_state_procedure_writing_a_replicated_table_is_refused(client, tmp_path, partitions):
+    """A TE runs on one partition or a few: writing a replicated table would leave the other copies behind."""
+    replicated = TABLES.replace("NOT NULL) PARTITION BY (key);", "NOT NULL) REPLICATED;")
+    with EmbeddedServer(tmp_path / "d", partitions=partitions, executor="opchain") as srv, Client(srv.target) as c:
+        c.deploy(replicated + PROC.format(how=""))
+        ack = c.push("counter_events", events([(0, 1, 5, None)])).result()
+        assert ack.outcome == "rejected" and ack.code == grpc.StatusCode.FAILED_PRECONDITION, ack
+        assert "writes replicated table 'counters'" in ack.reason, ack.reason
+        assert c.query("SELECT count(*) FROM counters").fetchall() == [(0,)]

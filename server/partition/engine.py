@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from streamtx.errors import Aborted, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
-from streamtx.server.catalog.placement import owner_filter
+from streamtx.server.catalog.placement import REPLICATED, owner_filter
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.relations import Relations
 from streamtx.server.partition.state import StateStore
@@ -168,6 +168,16 @@ class Engine:
         key = ("windows", procedure)
         if key not in facts:
             facts[key] = tuple(self.catalog.owned_windows(procedure))
+        return facts[key]
+
+    @property
+    def replicated_tables(self) -> frozenset[str]:
+        """The catalog's replicated tables, remembered for the catalog: asked for every state TE."""
+        facts = self._facts()
+        key = ("replicated", "")
+        if key not in facts:
+            placed = self.catalog.placement.tables
+            facts[key] = frozenset(t for t, kind in placed.items() if kind == REPLICATED)
         return facts[key]
 
     def _facts(self) -> dict[tuple[str, str], Any]:

@@ -74,8 +74,13 @@ def refuse_replicated_write(procedure: str | None, table: str) -> FailedPrecondi
 
 def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> None:
     """Every row the events name is this partition's: else the TE fails, naming the first stray key."""
-    tables = engine.catalog.placement.tables
-    if engine.map.partitions == 1 and REPLICATED not in tables.values():
+    if engine.map.partitions == 1:  # every row is here; only a replicated write is refused
+        replicated = engine.replicated_tables
+        if replicated:
+            for ev in events:
+                for op in ev.ops:
+                    if op.kind != "read" and op.table in replicated:
+                        raise refuse_replicated_write(procedure, op.table)
         return
     keys, writes = declared(events)
     me = engine.partition
