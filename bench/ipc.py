@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.partitions import Partitions
+from streamtx.server.launch import launch
 
 from .common import Stopwatch, median_round, plot_lines, progress, ratio_line, round_sig
 
@@ -78,8 +79,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     async def main() -> list[list[dict[str, Any]]]:
         with tempfile.TemporaryDirectory() as tmp:
-            parts = Partitions(ServerConfig(data_dir=Path(tmp), partitions=1))
-            await parts.start()
+            config = ServerConfig(data_dir=Path(tmp), partitions=1)
+            parts = Partitions(config)
+            launched = launch(config)
+            await parts.attach(launched.workers)
             try:
                 await _measure(parts, 1, 200, False)  # warm-up: imports, buffers
                 out: list[list[dict[str, Any]]] = [[] for _ in configs]
@@ -93,6 +96,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 return out
             finally:
                 await parts.stop()
+                launched.lock.close()
 
     results = asyncio.run(main())
     records = []
