@@ -319,3 +319,45 @@ def test_aborting_sibling_does_not_affect_the_other_branch(client):
     assert got == [(acks[0].timestamp, 2, 2), (acks[1].timestamp, 1, 1), (acks[2].timestamp, 2, 2)]
     for s in ("s2", "s4"):
         assert client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
+
+
+def copy_chain(tag: str, where: str) -> str:
+    """Steps that only copy columns (reordered, repeated, `*`); `where` = " WHERE true" makes DuckDB run them."""
+    return f"""
+CREATE TABLE {tag}_out (p BIGINT, q BIGINT, r VARCHAR, t VARCHAR, b BIGINT);
+CREATE STREAM {tag}_s1 (a BIGINT, b VARCHAR, c DOUBLE);
+CREATE STREAM {tag}_s2 (x VARCHAR, y BIGINT);
+CREATE STREAM {tag}_s3 (p BIGINT, q BIGINT, r VARCHAR);
+CREATE STREAM {tag}_s4 (p BIGINT, q BIGINT, r VARCHAR);
+CREATE PROCEDURE {tag}_p1 ON STREAM {tag}_s1 AS BEGIN
+    INSERT INTO {tag}_s2 (y, x) SELECT a, {tag}_s1.b FROM {tag}_s1{where};
+END;
+CREATE PROCEDURE {tag}_p2 ON STREAM {tag}_s2 AS BEGIN
+    INSERT INTO {tag}_s3 SELECT y, y AS again, x FROM {tag}_s2 s{where};
+END;
+CREATE PROCEDURE {tag}_p3 ON STREAM {tag}_s3 AS BEGIN INSERT INTO {tag}_s4 SELECT * FROM {tag}_s3{where}; END;
+CREATE PROCEDURE {tag}_p4 ON STREAM {tag}_s4 AS BEGIN
+    INSERT INTO {tag}_out SELECT p, q, r, typeof(p), $batch_id FROM {tag}_s4;
+END;
+"""
+
+
+def test_steps_that_copy_columns_give_what_duckdb_gives(client):
+    """Copies run on the batch's Arrow table (compile.py `copies`): same rows, order, NULLs and types as SQL."""
+    from streamtx.server.catalog.compile import Scope, compile_statement
+
+    scope = Scope("procedure p", frozenset(), {"s": ("a", "b"), "o": ("x", "y")}, {}, "s", frozenset(), frozenset())
+    assert compile_statement("INSERT INTO o (y, x) SELECT a, s.b FROM s", scope).copies == ("b", "a")
+    for sql in ("SELECT a, b FROM s WHERE a > 0", "SELECT DISTINCT a, b FROM s", "SELECT a, b + 1 FROM s"):
+        assert compile_statement(f"INSERT INTO o {sql}", scope).copies is None, sql
+
+    client.deploy(copy_chain("cp", "") + copy_chain("sq", " WHERE true"))
+    batches = [{"a": [1, None, 3], "b": ["x", "y", None], "c": [0.5, None, 2.0]}, {"a": [], "b": [], "c": []}]
+    batches += [{"a": [i, -i], "b": [str(i), None], "c": [i / 2, None]} for i in range(4, 30)]
+    for tag in ("cp", "sq"):
+        acks = [client.push(f"{tag}_s1", b).result() for b in batches]
+        assert [a.outcome for a in acks] == ["committed"] * len(batches)
+    copied = client.query("SELECT p, q, r, t FROM cp_out ORDER BY b, p NULLS LAST").fetchall()
+    assert copied == client.query("SELECT p, q, r, t FROM sq_out ORDER BY b, p NULLS LAST").fetchall()
+    assert copied[:3] == [(1, 1, "x", "BIGINT"), (3, 3, None, "BIGINT"), (None, None, "y", "BIGINT")]
+    assert len(copied) == 3 + 2 * 26

@@ -13,6 +13,11 @@ statement is parsed or rewritten on the hot path:
   transaction, so they are never stored; only a stream nothing consumes
   (an output stream, read by Subscribe) is stored, in `streams.t` with its
   batch id, by a plain INSERT;
+- an emit that only copies columns of the input batch (`INSERT INTO t SELECT *
+  FROM s`, or a list of its columns; no WHERE, DISTINCT, join, or
+  expression) also names them in `copies`: the engine then takes them from
+  the batch's Arrow table, as DuckDB would, without a statement (a dataflow
+  step that moves batches on costs no SQL);
 - every other name must be a table, an owned window, or a CTE.
 """
 
@@ -48,7 +53,8 @@ class Compiled:
     `emits` names the stream the statement inserts into (its result rows are the
     emitted tuples, or for a retained stream the count of stored ones),
     `params` the `$name` parameters it binds, `returns_rows` whether it yields
-    a result table for an OLTP caller.
+    a result table for an OLTP caller. `copies`, for an emit that only copies
+    input columns: the input column each of the emitted stream's columns is.
     """
 
     sql: str
@@ -56,6 +62,7 @@ class Compiled:
     emits: str | None
     returns_rows: bool
     source: str
+    copies: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -184,12 +191,42 @@ def _compile_emit(
     if stream not in scope.retained:
         renamed = ", ".join(f"__c{given.index(c)} AS {quote(c)}" for c in columns)
         sql = f"{prefix}SELECT {renamed} FROM ({query.sql('duckdb')}) AS __q({aliased})"
-        return Compiled(sql, params, stream, False, source)
+        copied = None if with_ is not None else _copied_columns(query, scope)
+        copies = None
+        if copied is not None and len(copied) == n:
+            copies = tuple(copied[given.index(c)] for c in columns)
+        return Compiled(sql, params, stream, False, source, copies)
     sql = (
         f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
         f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased})"
     )
     return Compiled(sql, tuple(sorted(set(params) | {BATCH_PARAM})), stream, False, source)
+
+
+def _copied_columns(query: exp.Expression, scope: Scope) -> list[str] | None:
+    """The input columns a `SELECT` copies, in its order; None if it does anything else."""
+    if not isinstance(query, exp.Select) or scope.input_stream is None:
+        return None
+    if any(v for k, v in query.args.items() if k not in ("expressions", "from_")):
+        return None
+    source = query.args.get("from_")
+    table = source.this if source is not None else None
+    if not isinstance(table, exp.Table) or table.name != batch_relation(scope.input_stream) or table.db:
+        return None
+    names = scope.streams[scope.input_stream]
+    alias = table.alias_or_name
+    copied: list[str] = []
+    for e in query.expressions:
+        e = e.this if isinstance(e, exp.Alias) else e
+        if isinstance(e, exp.Star):
+            copied += names
+        elif isinstance(e, exp.Column) and isinstance(e.this, exp.Identifier) and e.name in names:
+            if e.table not in ("", alias) or e.args.get("db"):
+                return None
+            copied.append(e.name)
+        else:
+            return None
+    return copied
 
 
 def _insert_target(tree: exp.Expression) -> exp.Table | None:

@@ -249,6 +249,8 @@ class Transaction:
 
     # -------------------------------------------------------------- private
     def _run(self, compiled: Compiled, params: dict[str, Any]) -> pa.Table | None:
+        if compiled.copies is not None and self._copy(compiled.copies, compiled.emits):
+            return None
         self.engine.state.barrier()
         bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
         if BATCH_PARAM in compiled.params:
@@ -266,6 +268,21 @@ class Transaction:
         if compiled.returns_rows:
             return cursor.to_arrow_table()
         return None
+
+    def _copy(self, columns: tuple[str, ...], stream: str | None) -> bool:
+        """An emit copying input columns, done on the batch's Arrow table; False: let DuckDB run it.
+
+        Only when the batch has its stream's declared types, which is what the
+        statement would read (relations.py casts to them).
+        """
+        batch = self.batch
+        schemas = self.engine.catalog.stream_schemas
+        if batch is None or stream is None or not batch.schema.equals(schemas[self.input_stream]):
+            return False
+        self.statements += 1
+        if batch.num_rows:
+            self._emitted(stream, batch.select(list(columns)).rename_columns(schemas[stream].names))
+        return True
 
     def execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
         self.statements += 1
