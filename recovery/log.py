@@ -11,7 +11,9 @@ Guarantees (precise, and the only ones):
 - Records are made durable by *group commit*: a background flusher thread
   writes and syncs everything buffered once `group_bytes` are buffered or the
   oldest buffered record is `group_ms` old, whichever comes first, or at once
-  on `flush()`. One fsync covers the whole group.
+  on `flush()` (which waits) or `flush_soon()` (which does not: the appender
+  calls it when it has nothing more to add, so an idle partition does not
+  hold its last records for `group_ms`). One fsync covers the whole group.
 - A crash can leave the last segment ending in a torn record (a short header,
   a short payload, a checksum mismatch in a record that reaches the end of the
   data, or a zero-filled tail). Such a record was never reported durable; it is
@@ -296,6 +298,7 @@ class Log(Protocol):
     def failed(self) -> LogFailed | None: ...
     def append(self, kind: int, payload: bytes, ts: int = 0) -> int: ...
     def flush(self) -> int: ...
+    def flush_soon(self) -> None: ...
     def wait_durable(self, lsn: int, timeout: float | None = None) -> bool: ...
     def truncate_before(self, lsn: int) -> int: ...
     def records(self, from_lsn: int | None = None) -> Iterator[Record]: ...
@@ -463,6 +466,13 @@ class CommandLog:
                     self._cv.wait()
             return self._durable
 
+    def flush_soon(self) -> None:
+        """Starts writing what is buffered now, without waiting for it; no-op if nothing is."""
+        with self._cv:
+            if self._pending and not self._flush_wanted:
+                self._flush_wanted = True
+                self._cv.notify_all()
+
     def wait_durable(self, lsn: int, timeout: float | None = None) -> bool:
         """Blocks until record `lsn` is durable (True) or `timeout` seconds pass (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -616,6 +626,9 @@ class NullLog:
 
     def flush(self) -> int:
         return self._last
+
+    def flush_soon(self) -> None:
+        pass
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> bool:
         return True

@@ -166,6 +166,16 @@ def test_group_commit_by_time(tmp_path: Path) -> None:
         assert log.durable_lsn == 11
 
 
+def test_flush_soon_starts_the_group_without_waiting_for_it(tmp_path: Path) -> None:
+    with CommandLog(tmp_path, group_bytes=1 << 30, group_ms=NEVER_MS) as log:
+        log.flush_soon()  # nothing buffered: no group
+        lsns = [log.append(1, b"z") for _ in range(3)]
+        assert log.durable_lsn == 0  # neither size nor timer would ever write these
+        log.flush_soon()
+        assert log.wait_durable(lsns[-1], timeout=30)
+        assert log.groups == 1 and payloads(tmp_path) == [(1, b"z"), (2, b"z"), (3, b"z")]
+
+
 def test_one_fsync_covers_a_whole_group(tmp_path: Path) -> None:
     with CommandLog(tmp_path, group_bytes=1 << 30, group_ms=NEVER_MS) as log:
         for i in range(500):

@@ -108,7 +108,7 @@ class Worker:
         threading.Thread(target=self._read_loop, name="ipc-reader", daemon=True).start()
         held: Frame | None = None
         while True:
-            frame = held if held is not None else self.inbox.get()
+            frame = held if held is not None else self._next()
             held = None
             if frame is None:
                 return
@@ -143,6 +143,19 @@ class Worker:
                 self._flush_acks()
             else:
                 self._ok(header, reply, out_tables)
+
+    def _next(self) -> Frame | None:
+        """The next command; with none queued, acknowledgements waiting on the log are flushed first.
+
+        Group commit waits up to `--group-commit-ms` for more records to share
+        an fsync; with nothing left to run no more are coming from here.
+        """
+        try:
+            return self.inbox.get_nowait()
+        except queue.Empty:
+            if self.acks:
+                self.journal.log.flush_soon()
+            return self.inbox.get()
 
     def _interval(self, first: Frame) -> tuple[list[Frame], Frame | None]:
         """The queued batches to run as one punctuation interval, and the frame that ended it.
