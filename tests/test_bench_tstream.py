@@ -56,13 +56,13 @@ def test_first_difference_names_the_row():
     assert "rows" in _first_difference({"t": [(1, 2)]}, {"t": []})
 
 
-@pytest.mark.slow  # 4 workloads x 2 executors x P = 1, 2 x 2 rounds of 200 events + sweep
+@pytest.mark.slow  # 4 workloads x 2 executors x P = 1, 2 x 2 rounds of 120 events + sweep
 def test_bench_tstream_quick(tmp_path, capsys):
     workloads = present()
     if not workloads:
         pytest.skip("no TStream workload module is complete yet")
     png = tmp_path / "t.png"
-    assert main(["tstream", "--quick", "--events", "200", "--quiet", "--plot", str(png)]) == 0
+    assert main(["tstream", "--quick", "--events", "120", "--quiet", "--plot", str(png)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # every line is JSON
     assert lines and all(line["benchmark"] == "tstream" for line in lines)
 

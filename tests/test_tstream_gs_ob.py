@@ -152,7 +152,7 @@ def test_matches_reference(servers, workload, seed, events, records, theta, batc
 @settings(max_examples=4, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
-    events=st.integers(1000, 2000),
+    events=st.integers(800, 1500),
     records=st.sampled_from([10, 100, 10_000]),
     theta=st.sampled_from([0.0, 0.6, 0.99]),
     batch_size=st.integers(20, 300),
