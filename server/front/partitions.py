@@ -29,9 +29,8 @@ HOME = 0
 
 
 class Partition:
-    def __init__(self, index: int, config: ServerConfig) -> None:
+    def __init__(self, index: int) -> None:
         self.index = index
-        self.config = config
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
         self._ids = itertools.count(1)
@@ -144,7 +143,7 @@ class Partitions:
     """All partition workers of this server."""
 
     def __init__(self, config: ServerConfig) -> None:
-        self.all = [Partition(i, config) for i in range(config.partitions)]
+        self.all = [Partition(i) for i in range(config.partitions)]
 
     async def attach(self, spawned: list[Spawned]) -> None:
         await asyncio.gather(*(p.attach(s) for p, s in zip(self.all, spawned, strict=True)))
