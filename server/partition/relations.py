@@ -52,6 +52,11 @@ class Relations:
             self.con.register(name, bound)
             self._bound[name] = bound
 
+    def bound(self, name: str) -> pa.Table | None:
+        """What SQL reads under `name` now, if bound here (None: a plain registration)."""
+        bound = self._bound.get(name)
+        return bound.table if bound is not None else None
+
     def bind(self, name: str, table: pa.Table) -> None:
         """From now on, SQL naming `name` reads `table`."""
         bound = self._bound.get(name)

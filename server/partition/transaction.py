@@ -270,18 +270,17 @@ class Transaction:
         return None
 
     def _copy(self, columns: tuple[str, ...], stream: str | None) -> bool:
-        """An emit copying input columns, done on the batch's Arrow table; False: let DuckDB run it.
-
-        Only when the batch has its stream's declared types, which is what the
-        statement would read (relations.py casts to them).
-        """
-        batch = self.batch
-        schemas = self.engine.catalog.stream_schemas
-        if batch is None or stream is None or not batch.schema.equals(schemas[self.input_stream]):
+        """An emit copying input columns, done on the Arrow table SQL would read; False: let DuckDB run it."""
+        if stream is None or self.input_stream is None or self.batch is None:
+            return False
+        self.register_input()
+        batch = self.engine.relations.bound(batch_relation(self.input_stream))
+        if batch is None:
             return False
         self.statements += 1
         if batch.num_rows:
-            self._emitted(stream, batch.select(list(columns)).rename_columns(schemas[stream].names))
+            names = self.engine.catalog.stream_schemas[stream].names
+            self._emitted(stream, batch.select(list(columns)).rename_columns(names))
         return True
 
     def execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection:
