@@ -51,6 +51,7 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
 
 
 def spawn_worker(index: int, config: ServerConfig) -> Spawned:
+    """`python -m streamtx.server.partition.worker` for partition `index`, on one end of a socket pair."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     cmd = [
         sys.executable,

@@ -7,7 +7,7 @@ column). Compilation rewrites each statement once, at deploy time, so that no
 statement is parsed or rewritten on the hot path:
 
 - a read of the input stream `s` reads `__batch__s`, the Arrow relation the
-  engine registers for the TE;
+  engine binds for the TE (server/partition/relations.py);
 - `INSERT INTO t ...` on a stream becomes a SELECT of the emitted tuples:
   the engine hands them to t's EE triggers and to the TEs t feeds, in the same
   transaction, so they are never stored; only a stream nothing consumes
