@@ -52,6 +52,36 @@ def _fnv1a(data: bytes) -> int:
     return h
 
 
+_MASK = (1 << 64) - 1
+SMALL = 64
+"""Keys few enough to hash in plain Python: NumPy's and Arrow's cost per call dwarfs theirs per key."""
+
+
+def _py_hash(value: int | str | None) -> int:
+    """`key_hashes` of one integer or string key, in Python (NULL hashes like 0)."""
+    x = 0 if value is None else _fnv1a(value.encode()) if type(value) is str else value & _MASK
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & _MASK
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _py_hashable(t: pa.DataType) -> bool:
+    """Keys of type `t` read as Python ints (in int64) or strs, which `_py_hash` takes."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_signed_integer(t):
+        return True
+    return t in (pa.uint8(), pa.uint16(), pa.uint32())
+
+
+def _plain_keys(keys: list[object]) -> bool:
+    """Python keys `pa.array` would type as int64 or as string (so `_py_hash` hashes them alike)."""
+    kinds = {type(k) for k in keys}
+    if kinds == {str}:
+        return True
+    return kinds == {int} and all(-(1 << 63) <= k < (1 << 63) for k in keys)  # type: ignore[operator]
+
+
 def key_hashes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A uint64 hash per key; NULL keys hash like 0 (they go to one fixed bin)."""
     if isinstance(values, pa.ChunkedArray):
@@ -100,6 +130,8 @@ class PartitionMap:
 
     def owners(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         """The owning partition of each key."""
+        if len(values) <= SMALL and _py_hashable(values.type):
+            return np.array([self.owner[_py_hash(v) % self.bins] for v in values.to_pylist()], dtype=np.int32)
         bins = key_hashes(values) % np.uint64(self.bins)
         return np.asarray(self.owner, dtype=np.int32)[bins.astype(np.int64)]
 
@@ -108,6 +140,10 @@ class PartitionMap:
 
         A list column counts with every element; a NULL names no key, so no partition.
         """
+        if table.num_rows <= SMALL:
+            small = self._small_partitions_of(table, columns)
+            if small is not None:
+                return small
         found: set[int] = set()
         for col in columns:
             values = table.column(col)
@@ -118,6 +154,27 @@ class PartitionMap:
             if len(values):
                 found.update(np.unique(self.owners(values)).tolist())
         return sorted(found)
+
+    def _small_partitions_of(self, table: pa.Table, columns: tuple[str, ...] | list[str]) -> list[int] | None:
+        """`partitions_of` a few rows, in Python; None if a column's keys are not ints or strings."""
+        found: set[int] = set()
+        for col in columns:
+            values = table.column(col)
+            t = values.type
+            nested = pa.types.is_list(t) or pa.types.is_large_list(t)
+            if not _py_hashable(t.value_type if nested else t):
+                return None
+            keys = values.to_pylist()
+            if nested:
+                keys = [k for row in keys if row is not None for k in row]
+            found.update(self.owner[_py_hash(k) % self.bins] for k in keys if k is not None)
+        return sorted(found)
+
+    def owners_of(self, keys: list[object]) -> np.ndarray:
+        """`owners(pa.array(keys))` of Python keys, without building the array for a few plain ones."""
+        if len(keys) <= SMALL and _plain_keys(keys):
+            return np.array([self.owner[_py_hash(k) % self.bins] for k in keys], dtype=np.int32)  # type: ignore[arg-type]
+        return self.owners(pa.array(keys))
 
     def owner_of(self, value: object, arrow_type: pa.DataType) -> int:
         return self.owner[scalar_hash(value, arrow_type) % self.bins]

@@ -13,6 +13,7 @@ import time
 
 import duckdb
 import grpc
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +22,7 @@ from hypothesis import strategies as st
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument, Unavailable
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.partitioning import PartitionMap
+from streamtx.server.partitioning import SMALL, PartitionMap, key_hashes
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,6 +54,32 @@ END;
 
 def owners(partitions: int, keys: list[int]) -> list[int]:
     return PartitionMap.round_robin(partitions, 1024).owners(pa.array(keys, pa.int64())).tolist()
+
+
+KEY_TYPES = {
+    "int64": (pa.int64(), st.integers(-(2**63), 2**63 - 1)),
+    "int16": (pa.int16(), st.integers(-(2**15), 2**15 - 1)),
+    "uint32": (pa.uint32(), st.integers(0, 2**32 - 1)),
+    "string": (pa.string(), st.text(max_size=6)),
+}
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(KEY_TYPES)), partitions=st.integers(1, 5))
+def test_a_few_keys_hash_in_python_as_the_vectorised_hash_does(data, kind, partitions):
+    """Up to `SMALL` keys take the Python path; it must place every key where `key_hashes` does."""
+    arrow_type, values = KEY_TYPES[kind]
+    keys = data.draw(st.lists(st.one_of(st.none(), values), min_size=1, max_size=SMALL))
+    pmap = PartitionMap.round_robin(partitions, 1024)
+    expected = np.asarray(pmap.owner)[(key_hashes(pa.array(keys, arrow_type)) % np.uint64(1024)).astype(np.int64)]
+    assert pmap.owners(pa.array(keys, arrow_type)).tolist() == expected.tolist()
+    present = [k for k in keys if k is not None]
+    if present and kind in ("int64", "string"):
+        assert pmap.owners_of(present).tolist() == expected[[k is not None for k in keys]].tolist()
+    nested = pa.table({"k": pa.array([keys], pa.list_(arrow_type)), "j": pa.array(keys[:1], arrow_type)})
+    want = sorted({int(o) for k, o in zip(keys, expected, strict=True) if k is not None})
+    assert pmap.partitions_of(nested, ["k", "j"]) == want
+    assert pmap.partitions_of(pa.concat_tables([nested] * (SMALL + 1)), ["k", "j"]) == want
 
 
 def keys_on(partitions: int, partition: int, n: int, start: int = 1) -> list[int]:
