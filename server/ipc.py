@@ -74,9 +74,8 @@ def _pack_run(run: list[Frame]) -> bytes:
     headers = [h for h, _ in run]
     if not run[0][1]:
         return encode({"op": PACKED_OP, "headers": headers})
-    tables = [t[0] for _, t in run]
-    merged = pa.concat_tables(tables).combine_chunks()
-    return encode({"op": PACKED_OP, "headers": headers, "rows": [t.num_rows for t in tables]}, [merged])
+    runs, joined = join_runs([t[0] for _, t in run])  # one run: its frames share a schema (`_alike`)
+    return encode({"op": PACKED_OP, "headers": headers, "rows": runs[0]}, joined)
 
 
 def unpack(frame: Frame) -> list[Frame]:
@@ -87,12 +86,39 @@ def unpack(frame: Frame) -> list[Frame]:
     headers = header["headers"]
     if not tables:
         return [(h, []) for h in headers]
-    frames: list[Frame] = []
-    offset = 0
-    for h, n in zip(headers, header["rows"], strict=True):
-        frames.append((h, [tables[0].slice(offset, n)]))
-        offset += n
-    return frames
+    batches, _ = split_runs([header["rows"]], tables)
+    return [(h, [b]) for h, b in zip(headers, batches, strict=True)]
+
+
+def join_runs(tables: list[pa.Table]) -> tuple[list[list[int]], list[pa.Table]]:
+    """Consecutive tables of one schema as one table each, with their row counts (`split_runs` undoes it).
+
+    Many small batches in one message then cost one Arrow stream per run, not one each.
+    """
+    runs: list[list[int]] = []
+    joined: list[pa.Table] = []
+    group: list[pa.Table] = []
+    for t in tables:
+        if group and not group[0].schema.equals(t.schema):
+            runs.append([g.num_rows for g in group])
+            joined.append(pa.concat_tables(group).combine_chunks() if len(group) > 1 else group[0])
+            group = []
+        group.append(t)
+    if group:
+        runs.append([g.num_rows for g in group])
+        joined.append(pa.concat_tables(group).combine_chunks() if len(group) > 1 else group[0])
+    return runs, joined
+
+
+def split_runs(runs: list[list[int]], tables: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
+    """The tables `join_runs` joined (from the first `len(runs)` tables), and the tables after them."""
+    out: list[pa.Table] = []
+    for counts, table in zip(runs, tables, strict=False):
+        offset = 0
+        for n in counts:
+            out.append(table.slice(offset, n))
+            offset += n
+    return out, tables[len(runs) :]
 
 
 def _decode(head: bytes, bodies: list[bytes]) -> Frame:

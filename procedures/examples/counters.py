@@ -32,3 +32,25 @@ class BoundedAdd(StateProcedure):
 
 
 bounded_add = BoundedAdd()
+
+
+class CheckedAdd(BoundedAdd):
+    """`bounded_add` whose bad events abort their whole batch (tests/test_spans.py).
+
+    An event without a delta fails in pre_process, one with a negative id in
+    post_process: either aborts the TE, so the batch is rejected and none of
+    its events take effect.
+    """
+
+    def pre_process(self, ev: Event) -> None:
+        if ev["delta"] is None:
+            raise ValueError(f"event {ev['event_id']} has no delta")
+        super().pre_process(ev)
+
+    def post_process(self, ev: Event) -> None:
+        if ev["event_id"] < 0:
+            raise ValueError(f"event {ev['event_id']} has a negative id")
+        super().post_process(ev)
+
+
+checked_add = CheckedAdd()

@@ -98,14 +98,14 @@ class Coordinator:
         try:
             await self._run_units(st, pending, ts, push, params, mark)
         except BaseException:
-            await self._undo_everywhere(ts)
+            await self.undo_everywhere(ts)
             raise
         st.outcome["emitted"] = sorted(st.emitted)
         if self.front.config.durability != "off":
             # durable on the home partition: recovery replays this command's fragments on every partition
             checked(await self.front.partitions[HOME].send({"op": "done", "ts": ts}))
 
-    async def _undo_everywhere(self, ts: int) -> None:
+    async def undo_everywhere(self, ts: int) -> None:
         """After a failure mid-command (a partition died): no partition may keep a transaction open."""
         header = {"op": "decide", "commit": False, "ts": ts}
         live = [p for p in self.front.partitions.all if p.alive]
@@ -124,7 +124,7 @@ class Coordinator:
         while st.pending:
             unit = self._next(st)
             if st.group is not None and unit.group != st.group:
-                await self._decide(st.group_parts, True, ts, st.group_mark)
+                await self.decide(st.group_parts, True, ts, st.group_mark)
                 st.group, st.group_parts, st.group_mark = None, set(), None
             fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
             keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
@@ -139,7 +139,7 @@ class Coordinator:
             replies = await asyncio.gather(*(self.front.partitions[p].request(h, t) for p, (h, t) in fragments.items()))
             parts = set(fragments)
             if unit.entry and push is not None and any("duplicate" in r[0] for r in replies):
-                await self._decide(parts | st.group_parts, False, ts)
+                await self.decide(parts | st.group_parts, False, ts)
                 st.outcome = _duplicate([r[0]["duplicate"] for r in replies if "duplicate" in r[0]])
                 return
             aborted = [r[0] for r in replies if r[0].get("aborted")]
@@ -154,10 +154,10 @@ class Coordinator:
                 st.group_parts |= parts
                 st.group_mark = st.group_mark or unit_mark
             elif not alone:
-                await self._decide(parts, True, ts, unit_mark)
+                await self.decide(parts, True, ts, unit_mark)
             self._collect(st, unit, replies)
         if st.group is not None:
-            await self._decide(st.group_parts, True, ts, st.group_mark)
+            await self.decide(st.group_parts, True, ts, st.group_mark)
             st.group = None
 
     def _next(self, st: _State) -> Unit:
@@ -206,7 +206,7 @@ class Coordinator:
         rejection = None
         if undone_entry and push is not None:
             rejection = [push["producer"], push["stream"], push["batch_id"], code, reason]
-        await self._decide(involved, False, ts, rejection=rejection)
+        await self.decide(involved, False, ts, rejection=rejection)
         st.group, st.group_parts, st.group_mark = None, set(), None
         if group is not None:
             st.pending = [u for u in st.pending if u.origin_group != group]
@@ -222,7 +222,7 @@ class Coordinator:
         self.front.counters["tes_aborted"] += 1
         st.outcome["aborted_tes"].append(f"{unit.procedures[0]}: {reason}")
 
-    async def _decide(
+    async def decide(
         self,
         parts: set[int],
         commit: bool,

@@ -33,16 +33,26 @@ def involved(front: Front, procedure: str, rows: pa.Table) -> list[int]:
     return sorted({HOME, *front.map.partitions_of(rows, keys)})
 
 
-async def attach_rows(front: Front, procedure: str, rows: pa.Table, ts: int, fragments: Fragments) -> None:
-    """Reads the rows from every fragment's partition and adds the merged rows to every fragment."""
-    parts = sorted(fragments)
-    header = {"op": "state_read", "procedure": procedure, "ts": ts}
-    replies = await asyncio.gather(*(front.partitions[p].request(header, [rows]) for p in parts))
+async def read_rows(
+    front: Front, parts: list[int], items: list[tuple[str, int]], runs: list[list[int]], joined: list[pa.Table]
+) -> dict[str, pa.Table]:
+    """Round 1: the current rows of the keys the batches' events name, from every partition in `parts`, merged.
+
+    `items` names each batch's state procedure and timestamp; the batches come joined (`join_runs`).
+    """
+    header = {"op": "state_read", "items": items, "runs": runs}
+    replies = await asyncio.gather(*(front.partitions[p].request(header, joined) for p in parts))
     found: dict[str, list[pa.Table]] = {}
     for head, tables in replies:
         for name, table in zip(head["tables"], tables, strict=True):
             found.setdefault(name, []).append(table)
-    merged = {name: pa.concat_tables(parts_) if len(parts_) > 1 else parts_[0] for name, parts_ in found.items()}
+    return {name: pa.concat_tables(parts_) if len(parts_) > 1 else parts_[0] for name, parts_ in found.items()}
+
+
+async def attach_rows(front: Front, procedure: str, rows: pa.Table, ts: int, fragments: Fragments) -> None:
+    """Reads the rows from every fragment's partition and adds the merged rows to every fragment."""
+    parts = sorted(fragments)
+    merged = await read_rows(front, parts, [(procedure, ts)], [[rows.num_rows]], [rows])
     for p, (fragment, tables) in fragments.items():
         fragment["exchange"], extra = Exchange(merged, frozenset(parts), p == HOME).wire()
         tables.extend(extra)

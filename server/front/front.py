@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.launch import Launch, launch
 from streamtx.server.partitioning import PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
@@ -55,8 +57,9 @@ class Front:
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
-        self.gate = Gate()
         self.coordinator = Coordinator(self)
+        spans = config.executor == "opchain" and config.partitions > 1
+        self.gate = Gate(Spans(self).run if spans else None, config.interval_size)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -143,8 +146,10 @@ class Front:
     def push(self, stream: str, producer: str, batch_id: int, table: pa.Table) -> asyncio.Future:
         """Submits a validated batch; the future resolves to the partition's outcome header."""
 
+        resend = batch_id <= self.sequencer.dispatched.get((producer, stream), 0)
+
         def dispatch(ts: int) -> asyncio.Future:
-            return self._dispatch_push(stream, producer, batch_id, ts, table)
+            return self._dispatch_push(stream, producer, batch_id, ts, table, resend)
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
@@ -170,12 +175,31 @@ class Front:
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
-    def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
+    def _dispatch_push(
+        self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table, resend: bool
+    ) -> asyncio.Future:
         target = self.local_target(stream, table)
-        if target is None:
-            return self.gate.run_coordinated(lambda: self.coordinator.push(stream, producer, batch_id, ts, table))
         header = {"op": "push", "stream": stream, "producer": producer, "batch_id": batch_id, "ts": ts}
-        return self.gate.run(lambda: self._finish_push(self.partitions[target].send(header, [table])))
+
+        def coordinated() -> Awaitable[dict[str, Any]]:
+            return self.coordinator.push(stream, producer, batch_id, ts, table)
+
+        def local() -> asyncio.Future:
+            assert target is not None
+            return self._finish_push(self.partitions[target].send(header, [table]))
+
+        item = None
+        if self.gate.span_runner is not None and not resend and stream in self.catalog.placement.stream_keys:
+            if target is None:
+                involved = (HOME, *self.map.partitions_of(table, self.catalog.placement.stream_keys[stream]))
+            else:
+                involved = (target,)
+            procedure = self.catalog.consumers[stream][0]
+            alone = coordinated if target is None else local
+            item = SpanPush(stream, producer, batch_id, ts, table, procedure, tuple(sorted(set(involved))), alone)
+        if target is None:
+            return self.gate.run_coordinated(coordinated, item)
+        return self.gate.run(local, item)
 
     def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:
         async def finish() -> dict[str, Any]:

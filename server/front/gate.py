@@ -6,6 +6,11 @@ needs several round trips, during which its partitions hold an open DuckDB
 transaction; anything sent to them meanwhile would run inside it. So while
 one runs, every later request waits here, in order, and is sent when it
 ends. With one partition nothing is ever coordinated and the gate is free.
+
+Requests that are state batches carry an item (front/spans.py). When the
+next waiting request is a coordinated one with an item, it and the requests
+with items right behind it, local or not, up to `span_limit`, run as one
+span; the requests behind them keep waiting, in order.
 """
 
 from __future__ import annotations
@@ -13,52 +18,92 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 Start = Callable[[], "asyncio.Future[Any]"]
 StartCoordinated = Callable[[], Awaitable[Any]]
+SpanRunner = Callable[[list[Any]], Awaitable[list[Any]]]
+"""Runs items together; returns each one's result, or the exception it failed with, in order."""
+
+
+@dataclass
+class _Waiting:
+    coordinated: bool
+    start: Callable[[], Any]
+    fut: asyncio.Future
+    item: Any = None
 
 
 class Gate:
-    def __init__(self) -> None:
+    def __init__(self, span_runner: SpanRunner | None = None, span_limit: int = 1) -> None:
         self._busy = False
-        self._waiting: collections.deque[tuple[bool, Callable[[], Any], asyncio.Future]] = collections.deque()
+        self._waiting: collections.deque[_Waiting] = collections.deque()
+        self.span_runner = span_runner
+        self.span_limit = span_limit
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def run(self, start: Start) -> asyncio.Future:
+    def run(self, start: Start, item: Any = None) -> asyncio.Future:
         """Sends now (`start` writes to partition queues synchronously) or after the coordinated command."""
         if not self._busy:
             return _started(start)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._waiting.append((False, start, fut))
+        self._waiting.append(_Waiting(False, start, fut, item))
         return fut
 
-    def run_coordinated(self, start: StartCoordinated) -> asyncio.Future:
-        """Runs the coroutine alone: requests made after it wait until it ends."""
+    def run_coordinated(self, start: StartCoordinated, item: Any = None) -> asyncio.Future:
+        """Runs the coroutine alone (or `item` in a span): requests made after it wait until it ends."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiting = _Waiting(True, start, fut, item)
         if not self._busy:
-            self._launch(start, fut)
+            self._launch(waiting)
         else:
-            self._waiting.append((True, start, fut))
+            self._waiting.append(waiting)
         return fut
 
-    def _launch(self, start: StartCoordinated, fut: asyncio.Future) -> None:
+    def _launch(self, first: _Waiting) -> None:
         self._busy = True
-        task = asyncio.ensure_future(start())
-        forward(task, fut)
+        if first.item is None or self.span_runner is None:
+            task = asyncio.ensure_future(first.start())
+            forward(task, first.fut)
+        else:
+            span = [first]
+            while self._waiting and self._waiting[0].item is not None and len(span) < self.span_limit:
+                span.append(self._waiting.popleft())
+            task = asyncio.ensure_future(self.span_runner([w.item for w in span]))
+            task.add_done_callback(lambda t: _settle(t, span))
         task.add_done_callback(self._release)
 
     def _release(self, _: asyncio.Future) -> None:
         self._busy = False
         while self._waiting and not self._busy:
-            coordinated, start, fut = self._waiting.popleft()
-            if coordinated:
-                self._launch(start, fut)
+            waiting = self._waiting.popleft()
+            if waiting.coordinated:
+                self._launch(waiting)
             else:
-                forward(_started(start), fut)
+                forward(_started(waiting.start), waiting.fut)
+
+
+def _settle(task: asyncio.Future, span: list[_Waiting]) -> None:
+    """Each request of a span gets its own result (or exception), or all the span's failure."""
+    if task.cancelled() or task.exception() is not None:
+        for w in span:
+            if not w.fut.done():
+                if task.cancelled():
+                    w.fut.cancel()
+                else:
+                    w.fut.set_exception(task.exception())
+        return
+    for w, result in zip(span, task.result(), strict=True):
+        if w.fut.done():
+            continue
+        if isinstance(result, BaseException):
+            w.fut.set_exception(result)
+        else:
+            w.fut.set_result(result)
 
 
 def _started(start: Start) -> asyncio.Future:

@@ -24,15 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import pyarrow as pa
 
-from streamtx.errors import NotFound, StreamTxError
+from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
 from streamtx.server.partition.engine import Engine
-from streamtx.server.partition.exchange import Exchange
+from streamtx.server.partition.exchange import Exchange, keep_owned
+from streamtx.server.partition.ownership import Unspannable
 
 if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
-from streamtx.server.partition.state import Values, table_rows
+from streamtx.server.partition.state import Values, run_values, table_rows
 from streamtx.server.partition.transaction import Transaction
 from streamtx.server.statetx import Event, Row, StateProcedure
 
@@ -74,6 +76,32 @@ class Push:
     batch: pa.Table
 
 
+@dataclass
+class _Span:
+    """A span (`run_span`): its batches, the partitions each involves, the merged rows, and what it did."""
+
+    pushes: list[Push]
+    involved: list[list[int]]
+    exchange: Exchange
+    wire: tuple[dict[str, Any], list[pa.Table]]  # as the front sent it: what the command log keeps
+    values: list[list[Values]]  # each batch's rows, converted once for the span
+    outcomes: list[Outcome] = field(default_factory=list)
+    taken: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    keep: dict[str, list[int]] = field(default_factory=dict)
+    rejected: int = 0
+
+    @classmethod
+    def from_wire(cls, h: dict[str, Any], tables: list[pa.Table]) -> _Span:
+        runs = h["runs"]
+        batches, values = run_values(runs, tables[: len(runs)])
+        pushes = [Push(s, producer, b, ts, t) for (s, producer, b, ts, _), t in zip(h["pushes"], batches, strict=True)]
+        exchange = Exchange.from_wire(h["exchange"], tables[len(runs) :])
+        assert exchange is not None
+        exchange.span = True
+        head = {"pushes": h["pushes"], "runs": runs, "exchange": h["exchange"]}
+        return cls(pushes, [list(i) for *_, i in h["pushes"]], exchange, (head, tables), values)
+
+
 BORDER_UNIT = "(entry TEs of the batch)"
 
 
@@ -99,6 +127,7 @@ class Dataflow:
         self._open_specs: list[tuple[dict[str, Any], pa.Table]] = []
         self._open_params: dict[str, Any] | None = None
         self._open_exchange: Exchange | None = None  # the open fragment's merged state rows, logged with it
+        self._open_span: _Span | None = None  # the open span, if the open transaction is one
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -129,7 +158,7 @@ class Dataflow:
             eng.write_marks(taken)
             eng.state.flush()
             eng.con.execute("COMMIT")
-        except StreamTxError:
+        except (StreamTxError, duckdb.Error):  # an abort, or rows a constraint refuses at the write-back
             self._rollback(saved)
             if len(pushes) == 1:
                 return [self._push_isolated(pushes[0])]
@@ -327,7 +356,13 @@ class Dataflow:
         """Commits or undoes the open coordinated transaction; records the batch's mark or rejection."""
         eng = self.engine
         ts = h["ts"]
-        if h["commit"] and self._open:
+        span, self._open_span = self._open_span, None
+        if h["commit"] and self._open and span is not None:
+            eng.con.execute("COMMIT")
+            self._commit_span(span)
+            if self.journal is not None:
+                self.journal.span(span.pushes[-1].ts, *span.wire)
+        elif h["commit"] and self._open:
             self._commit_with_mark(ts, h.get("mark"), self._open_stored)
             if self.journal is not None:
                 self.journal.fragments(ts, self._open_specs, self._open_params, h.get("mark"), self._open_exchange)
@@ -346,6 +381,98 @@ class Dataflow:
                 if self.journal is not None:
                     self.journal.reject(producer, stream, batch_id, ts, code, reason)
         return {}
+
+    # ------------------------------------------------------------------ spans
+    def run_span(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+        """A punctuation interval of state batches over several partitions, left uncommitted for `decide`.
+
+        Every involved partition runs every batch of the span (front/spans.py),
+        in timestamp order, over the rows the partitions merged for all of them
+        (partition/exchange.py), in one DuckDB transaction; a batch that aborts
+        is undone alone and rejected, as it would be alone. The outcomes go
+        back to the front, which commits everywhere if the partitions agree on
+        them; else (a write-back failed on one partition) it undoes the span
+        and runs its batches one at a time.
+        """
+        if self._open:
+            raise Internal(f"span at ts {h['pushes'][-1][3]}: a coordinated transaction is still open")
+        span = _Span.from_wire(h, tables)
+        saved = self.engine.windows.snapshot()
+        self.engine.con.execute("BEGIN")
+        try:
+            self._span(span)
+            self.engine.state.flush()
+        except duckdb.Error as e:  # rows a constraint refuses: the front undoes the span, runs it one by one
+            self._rollback(saved)
+            raise Aborted(f"span: {type(e).__name__}: {e}") from None
+        except BaseException:
+            self._rollback(saved)
+            raise
+        self._open, self._open_windows, self._open_span = True, saved, span
+        return {"outcomes": [o.header() for o in span.outcomes]}, []
+
+    def replay_span(self, head: dict[str, Any], tables: list[pa.Table]) -> None:
+        """Re-runs a logged span as it committed (recovery)."""
+        span = _Span.from_wire(head, tables)
+        saved = self.engine.windows.snapshot()
+        self.engine.con.execute("BEGIN")
+        try:
+            self._span(span)
+            self.engine.state.flush()
+            self.engine.con.execute("COMMIT")
+        except BaseException:
+            self._rollback(saved)
+            raise
+        self._commit_span(span)
+
+    def _span(self, span: _Span) -> None:
+        """The span's batches in order, inside the open DuckDB transaction; outcomes and marks on `span`."""
+        eng = self.engine
+        exchange = span.exchange
+        taken: dict[tuple[str, str], tuple[int, int]] = {}
+        eng.exchange = exchange
+        try:
+            for p, involved, values in zip(span.pushes, span.involved, span.values, strict=True):
+                key = (p.producer, p.stream)
+                if p.batch_id <= max(eng.marks.get(key, 0), taken.get(key, (0, 0))[0]):
+                    dup = self._duplicate(p.producer, p.stream, p.batch_id)
+                    span.outcomes.append(dup or Outcome("duplicate", p.ts, original="committed"))
+                    continue
+                exchange.involved = frozenset(involved)
+                run = _Run(self, p.ts, {p.stream: p.batch})
+                run.values[p.stream] = (p.batch, values)
+                run.start_push(p)
+                try:
+                    run.execute_fast()
+                except Unspannable:
+                    raise
+                except StreamTxError as e:
+                    code, reason = e.code.value[0], e.message
+                    eng.write_rejection(p.producer, p.stream, p.batch_id, p.ts, code, reason)
+                    span.outcomes.append(Outcome("rejected", p.ts, code, reason))
+                    span.rejected += 1
+                else:
+                    span.outcomes.append(run.finish(span.keep))
+                taken[key] = (p.batch_id, p.ts)
+        finally:
+            eng.exchange = None
+        span.taken = taken
+        eng.write_marks(taken)
+        keep_owned(eng, exchange.ws)
+
+    def _commit_span(self, span: _Span) -> None:
+        """After the span's commit: marks, timestamps, counters and retained output, as the batches left them."""
+        eng = self.engine
+        for key, (batch_id, ts) in span.taken.items():
+            eng.marks[key] = batch_id
+            eng.last_ts = max(eng.last_ts, ts)
+        eng.last_ts = max(eng.last_ts, span.pushes[-1].ts)
+        self._keep(span.keep)
+        committed = [p for p, o in zip(span.pushes, span.outcomes, strict=True) if o.outcome == "committed"]
+        eng.counters["committed"] += len(committed)
+        eng.counters["rows"] += sum(p.batch.num_rows for p in committed)
+        eng.counters["rejected"] += span.rejected
+        eng.counters["spans"] += 1
 
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
@@ -520,6 +647,7 @@ class _Run:
             tx = self._transaction(te)
             try:
                 self._run_te(te, tx)
+                self.eng.state.write_back_in(te.procedure)
                 self._log(te)
                 if te.border:  # in the entry unit's transaction
                     assert self.push is not None

@@ -225,12 +225,16 @@ class Engine:
     def record_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         self.con.execute("BEGIN")
         self.record_mark(producer, stream, batch_id, ts)
+        self.write_rejection(producer, stream, batch_id, ts, code, reason)
+        self.con.execute("COMMIT")
+        self.marks[(producer, stream)] = batch_id
+
+    def write_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
+        """Stores why a batch was rejected, for re-sends (inside the caller's transaction; the mark is apart)."""
         self.con.execute(
             f"INSERT OR REPLACE INTO {SYSTEM_SCHEMA}.rejections VALUES ($p, $s, $b, $ts, $c, $r)",
             {"p": producer, "s": stream, "b": batch_id, "ts": ts, "c": code, "r": reason},
         )
-        self.con.execute("COMMIT")
-        self.marks[(producer, stream)] = batch_id
 
     def original_outcome(self, producer: str, stream: str, batch_id: int) -> dict[str, Any]:
         row = self.con.execute(

@@ -7,7 +7,9 @@ Modes (`--durability`):
   (CALL), front-side rejection (REJECT), deploy (INSTALL), and the fragments of
   coordinated commands it committed (FRAGMENTS: their inputs came from other
   partitions, so they cannot be re-derived here; a state TE's fragment keeps
-  the rows the partitions merged for it, partition/exchange.py). Replay re-runs each command
+  the rows the partitions merged for it, partition/exchange.py), and spans
+  (SPAN: a punctuation interval of state batches over several partitions,
+  with the rows they merged; both modes log it whole). Replay re-runs each command
   with PE triggers on, which re-derives every interior TE (upstream backup).
 - `strong`: every committed TE is logged, border and interior alike (TE: the
   procedure, its input tuples or parameters, its timestamp, the batch's dedup
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
 MODES = ("strong", "weak", "off")
 FRAGMENTS = 6  # record kind: the fragments of a coordinated command committed here
 DONE = 7  # record kind (home partition): a coordinated command finished on every partition
+SPAN = 8  # record kind: a span (state batches over several partitions, with their merged rows) committed here
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -127,6 +130,10 @@ class Journal:
             head["exchange"], extra = exchange.wire()
         self._append(FRAGMENTS, ts, head, [t for _, t in specs] + extra)
 
+    def span(self, ts: int, head: dict[str, Any], tables: list[pa.Table]) -> None:
+        """A span committed here, as the front sent it (its batches and the merged rows); `ts` is its last batch's."""
+        self._append(SPAN, ts, head, tables)
+
     def _tes(
         self,
         ts: int,
@@ -166,7 +173,7 @@ class Journal:
     ) -> dict[str, Any]:
         """Loads the chosen checkpoint, then replays the log after it; reports progress on stderr.
 
-        Fragments of a coordinated command are replayed only if the command
+        Fragments of a coordinated command (and spans) are replayed only if the command
         finished everywhere (`done`, from the home partition's log): one that a
         crash cut short was never acknowledged, and its producer re-sends it.
         """
@@ -188,7 +195,7 @@ class Journal:
             pushes: list[Push] = []  # consecutive batches (weak) replay as one interval, as they ran
             last_report = time.monotonic()
             for count, _, record in reader.replay(lsn + 1):
-                if record.kind == FRAGMENTS and record.ts not in done:
+                if record.kind in (FRAGMENTS, SPAN) and record.ts not in done:
                     continue
                 head, tables = decode_command(record.payload)
                 if record.kind == Kind.PUSH:
@@ -238,6 +245,8 @@ class Journal:
             eng.last_ts = max(eng.last_ts, ts)
         elif kind == DONE:
             pass
+        elif kind == SPAN:
+            flow.replay_span(head, tables)
         elif kind == FRAGMENTS:
             n = len(head["specs"])
             exchange = Exchange.from_wire(head.get("exchange"), tables[n:])

@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
 
 from streamtx.errors import FailedPrecondition
 from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
@@ -48,7 +47,7 @@ def owners(engine: Engine, table: str, keys: list[Any], where: str) -> np.ndarra
     """The partition holding each key's row of a SINGLE or BY_KEY table."""
     if where == SINGLE or engine.map.partitions == 1:
         return np.zeros(len(keys), dtype=np.int32)
-    return engine.map.owners(pa.array(keys))
+    return engine.map.owners_of(keys)
 
 
 def declared(events: Iterable[Event]) -> tuple[dict[str, list[Any]], set[str]]:
@@ -94,11 +93,7 @@ def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> N
         stray = np.flatnonzero(found != me)
         if len(stray):
             i = int(stray[0])
-            raise FailedPrecondition(
-                f"procedure {procedure}: an event names {table}[{keys[table][i]!r}], which lives on partition "
-                f"{int(found[i])}, but its batch runs on partition {me} ({_placed_by(engine, procedure)}); "
-                f"{_hint(engine, procedure)}"
-            )
+            raise _stray(engine, procedure, table, keys[table][i], int(found[i]), frozenset([me]))
 
 
 def _placed_by(engine: Engine, procedure: str | None) -> str:
@@ -119,9 +114,34 @@ def _hint(engine: Engine, procedure: str | None) -> str:
     return "declare the event columns holding the keys it accesses: CREATE PROCEDURE ... PARTITION ON (columns)"
 
 
+def _stray(
+    engine: Engine, procedure: str | None, table: str, key: Any, owner: int, involved: frozenset[int]
+) -> FailedPrecondition:
+    where = (
+        f"runs on partition {next(iter(involved))}"
+        if len(involved) == 1
+        else f"involves partitions {', '.join(map(str, sorted(involved)))}"
+    )
+    return FailedPrecondition(
+        f"procedure {procedure}: an event names {table}[{key!r}], which lives on partition {owner}, "
+        f"but its batch {where} ({_placed_by(engine, procedure)}); {_hint(engine, procedure)}"
+    )
+
+
+class Unspannable(FailedPrecondition):
+    """A batch a span cannot run as it would run alone: the span is undone and its batches run one by one."""
+
+
 def covered(engine: Engine, procedure: str | None, table: str, keys: list[Any], involved: frozenset[int]) -> None:
-    """In a TE spanning partitions: every row named lives on one of the involved partitions."""
+    """Every row a TE over merged rows names lives on one of the partitions its batch involves.
+
+    A batch local to one partition trusts it with the rows of a table
+    partitioned by another column (`check_local`); merged rows cannot hold
+    those, so such a batch cannot run in a span (`Unspannable`).
+    """
     where = placement_of(engine, table)
+    if where == BY_OTHER and len(involved) == 1:
+        raise Unspannable(f"procedure {procedure}: table {table!r} is partitioned by another column than its key")
     if where == BY_OTHER:
         raise FailedPrecondition(
             f"procedure {procedure}: table {table!r} is partitioned by {engine.catalog.tables[table].partition_by!r},"
@@ -134,8 +154,4 @@ def covered(engine: Engine, procedure: str | None, table: str, keys: list[Any], 
     stray = [i for i, p in enumerate(found.tolist()) if p not in involved]
     if stray:
         i = stray[0]
-        raise FailedPrecondition(
-            f"procedure {procedure}: an event names {table}[{keys[i]!r}], which lives on partition {int(found[i])}, "
-            f"but its batch involves partitions {', '.join(map(str, sorted(involved)))} "
-            f"({_placed_by(engine, procedure)}); {_hint(engine, procedure)}"
-        )
+        raise _stray(engine, procedure, table, keys[i], int(found[i]), involved)

@@ -12,10 +12,12 @@ import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import duckdb
 import pyarrow as pa
 
-from streamtx.errors import InvalidArgument
+from streamtx.errors import Aborted, InvalidArgument
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+from streamtx.server.ipc import split_runs
 from streamtx.server.statetx import Event, Row, WorkingSet
 
 if TYPE_CHECKING:
@@ -165,6 +167,23 @@ def table_rows(table: pa.Table) -> list[Row]:
     ]
 
 
+def run_values(runs: list[list[int]], tables: list[pa.Table]) -> tuple[list[pa.Table], list[list[Values]]]:
+    """The batches `join_runs` joined (server/ipc.py), and each one's rows as values in column order.
+
+    One conversion to Python per run of batches, not one per batch.
+    """
+    batches, _ = split_runs(runs, tables)
+    values: list[list[Values]] = []
+    for counts, table in zip(runs, tables, strict=False):
+        rows = list(zip(*(c.to_pylist() for c in table.columns), strict=True)) if table.num_columns else []
+        rows = rows or [()] * table.num_rows
+        at = 0
+        for n in counts:
+            values.append(rows[at : at + n])
+            at += n
+    return batches, values
+
+
 class StateStore:
     """The partition's working set and the DuckDB statements that load and write it back."""
 
@@ -276,6 +295,13 @@ class StateStore:
                 absent.difference_update(keys)  # the table holds them all now
         ws.dirty.clear()
         return written
+
+    def write_back_in(self, procedure: str | None) -> None:
+        """`write_back` as the end of a TE: rows a constraint refuses abort it, as its own statement would."""
+        try:
+            self.write_back()
+        except duckdb.Error as e:
+            raise Aborted(f"procedure {procedure}: {type(e).__name__}: {e}") from None
 
     def _insert(self, table: str, rows: list[Row]) -> None:
         cols = self.columns[table]

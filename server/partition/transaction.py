@@ -148,6 +148,14 @@ class Transaction:
         elif result is not None:
             self.results.append(_as_table(result))
 
+    def batch_rows(self) -> list[Row]:
+        """The input batch as rows (dicts), from `batch_values` when known: no Arrow round trip."""
+        assert self.batch is not None
+        if self.batch_values is None:
+            return table_rows(self.batch)
+        names = self.batch.column_names
+        return [dict(zip(names, values, strict=True)) for values in self.batch_values]
+
     def run_state(self, proc: StateProcedure) -> None:
         """A state procedure over the batch: pre-process, state access, post-process (TStream).
 
@@ -166,13 +174,8 @@ class Transaction:
         events = eng.prepared.pop((self.batch_id, self.procedure), None)
         loaded = events is not None and eng.prepared_epoch == ws.epoch  # no barrier since `_prepare` loaded them
         if events is None:
-            if self.batch_values is not None:
-                names = self.batch.column_names
-                rows = [dict(zip(names, values, strict=True)) for values in self.batch_values]
-            else:
-                rows = table_rows(self.batch)
             batch_id = self.batch_id
-            events = [Event(row, batch_id) for row in rows]
+            events = [Event(row, batch_id) for row in self.batch_rows()]
             for ev in events:
                 proc.pre_process(ev)
         check_local(eng, self.procedure, events)
@@ -195,12 +198,12 @@ class Transaction:
         counters["events"] += len(events)
         counters["events_rejected"] += rejected
         for stream, rows_out in out.items():
-            self._emit_state_rows(stream, rows_out)
+            self.emit_state_rows(stream, rows_out)
         if eng.executor == "serial":
             state.write_back()
             ws.clear()
 
-    def _emit_state_rows(self, stream: str, rows: list[Row]) -> None:
+    def emit_state_rows(self, stream: str, rows: list[Row]) -> None:
         """A state procedure's output: `emit`, built straight from the rows when they fit the stream's shape.
 
         Tuples for a retained stream stay rows until the commit stores the

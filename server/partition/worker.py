@@ -33,6 +33,7 @@ from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
 from streamtx.server.partition.journal import MODES, Journal
+from streamtx.server.partition.state import run_values
 from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
@@ -264,8 +265,15 @@ class Worker:
             return out.header(), []
         if op == "fragment":
             return self.dataflow.run_fragment(h, tables)
-        if op == "state_read":  # round 1 of a state TE spanning partitions (partition/exchange.py)
-            return read_owned(eng, h["procedure"], h["ts"], tables[0])
+        if op == "state_read":  # round 1 of state TEs spanning partitions (partition/exchange.py)
+            batches, values = run_values(h["runs"], tables)
+            rows = [
+                [dict(zip(b.column_names, v, strict=True)) for v in vals]
+                for b, vals in zip(batches, values, strict=True)
+            ]
+            return read_owned(eng, [(proc, ts, r) for (proc, ts), r in zip(h["items"], rows, strict=True)])
+        if op == "span":  # round 2 of a span: state batches of an interval over several partitions
+            return self.dataflow.run_span(h, tables)
         if op == "decide":
             return self.dataflow.decide(h), []
         if op == "call":
