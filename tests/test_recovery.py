@@ -25,7 +25,9 @@ from streamtx.procedures.tstream import sl
 from streamtx.procedures.tstream.common import run_reference
 from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
 from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
+from streamtx.recovery import LogReader, decode_command
 from streamtx.server.embedded import EmbeddedServer
+from streamtx.server.partition.journal import INTERVAL
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -208,5 +210,39 @@ def test_recovery_starts_from_the_last_checkpoint_and_replays_only_after_it(tmp_
             assert 0 < replayed <= 10 * 2 + 2  # the batches after the checkpoint (some may split), nothing before
             r = c.push("s", pa.table({"k": pa.array([5, 105], pa.int64())}), batch_id=5).result()
             assert r.outcome == "duplicate"
+    finally:
+        srv.close()
+
+
+def test_batches_committed_together_are_one_strong_record_and_replay_batch_for_batch(tmp_path):
+    """Strong logging writes an interval's TEs (border and interior, two schemas) as one INTERVAL record."""
+    data = tmp_path / "data"
+    srv = EmbeddedServer(data, durability="strong").start()
+    batches = [pa.table({"k": pa.array([i, -i], pa.int64())}) for i in range(1, 301)]
+    script = (
+        "CREATE TABLE t (k BIGINT, doubled BIGINT); CREATE STREAM s (k BIGINT);"
+        "CREATE STREAM s2 (k BIGINT, doubled BIGINT);"
+        "CREATE PROCEDURE p1 ON STREAM s AS BEGIN INSERT INTO s2 SELECT k, 2 * k FROM s WHERE k > 0; END;"
+        "CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN INSERT INTO t SELECT k, doubled FROM s2; END;"
+    )
+    try:
+        with Client(srv.target, producer_id="p", max_in_flight=300) as c:
+            c.deploy(script)
+            assert all(f.result().ok for f in [c.push("s", b, batch_id=i + 1) for i, b in enumerate(batches)])
+            before = c.query("SELECT k, doubled FROM t ORDER BY k").fetchall()
+            assert before == [(k, 2 * k) for k in range(1, 301)]
+        srv.kill()
+        intervals = [
+            decode_command(r.payload)[0]["batches"]
+            for r in LogReader(data / "partition-0" / "log").records()
+            if r.kind == INTERVAL
+        ]
+        assert max(map(len, intervals), default=0) > 1  # the pipelined batches were committed together
+        assert all(len(specs) == 2 for _, _, specs, _ in (b for i in intervals for b in i))  # p1 and p2
+        srv.start()
+        with Client(srv.target, producer_id="p") as c:
+            assert c.query("SELECT k, doubled FROM t ORDER BY k").fetchall() == before
+            again = [f.result().outcome for f in [c.push("s", b, batch_id=i + 1) for i, b in enumerate(batches)]]
+            assert set(again) == {"duplicate"}
     finally:
         srv.close()

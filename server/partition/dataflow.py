@@ -171,11 +171,10 @@ class Dataflow:
         keep: dict[str, list[int]] = {}
         for i, run in runs:
             results[i] = run.finish(keep)
-            p = pushes[i]
-            if self.journal is not None:
-                self.journal.push(p, run, rejected=False)
             eng.counters["committed"] += 1
-            eng.counters["rows"] += p.batch.num_rows
+            eng.counters["rows"] += pushes[i].batch.num_rows
+        if self.journal is not None and runs:
+            self.journal.interval([(pushes[i], run) for i, run in runs])
         for key, (batch_id, ts) in taken.items():
             eng.marks[key] = batch_id
             eng.last_ts = max(eng.last_ts, ts)

@@ -13,9 +13,11 @@ Modes (`--durability`):
   with PE triggers on, which re-derives every interior TE (upstream backup).
 - `strong`: every committed TE is logged, border and interior alike (TE: the
   procedure, its input tuples or parameters, its timestamp, the batch's dedup
-  id on the border TE), as consecutive records `i of n` per command. Replay
-  re-executes each TE alone, PE triggers off. A command whose last records are
-  missing (the torn tail of a crash) was never acknowledged and is dropped.
+  id on the border TE), as consecutive records `i of n` per command; the
+  batches one interval committed together are one record (INTERVAL: every
+  batch's TEs, their input tuples joined per schema). Replay re-executes each
+  TE alone, PE triggers off. A command whose last records are missing (the
+  torn tail of a crash) was never acknowledged and is dropped.
 - `off`: nothing is logged; acknowledgements do not wait.
 
 Records are appended after the DuckDB commit, in commit order; the worker
@@ -47,6 +49,7 @@ from streamtx.recovery import (
 )
 from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
+from streamtx.server.ipc import join_runs, split_runs
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
 
@@ -57,6 +60,7 @@ MODES = ("strong", "weak", "off")
 FRAGMENTS = 6  # record kind: the fragments of a coordinated command committed here
 DONE = 7  # record kind (home partition): a coordinated command finished on every partition
 SPAN = 8  # record kind: a span (state batches over several partitions, with their merged rows) committed here
+INTERVAL = 9  # record kind (strong): the TEs of the batches one interval committed, in order
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -98,6 +102,33 @@ class Journal:
         self._tes(p.ts, run.logged, None, [p.producer, p.stream, p.batch_id])
         if rejected and outcome is not None:
             self.reject(p.producer, p.stream, p.batch_id, p.ts, outcome.code, outcome.reason)
+
+    def interval(self, committed: list[tuple[Push, _Run]]) -> None:
+        """The batches one DuckDB transaction committed, as one record (strong) or one PUSH each (weak).
+
+        One record instead of one per TE: on 1-tuple batches, encoding a
+        record per TE cost more than running the TE's state operations.
+        """
+        if self.mode != "strong" or len(committed) == 1:
+            for p, run in committed:
+                self.push(p, run, rejected=False)
+            return
+        batches: list[list[Any]] = []
+        flat: list[pa.Table] = []
+        streams: list[str] = []
+        for p, run in committed:
+            specs, inputs = [], []
+            for spec, table in run.logged:
+                specs.append(spec)
+                inputs.append(-1 if table is None else len(flat))
+                if table is not None:
+                    flat.append(table)
+                    streams.append(spec["stream"])
+            mark = [p.producer, p.stream, p.batch_id] if any(s["border"] for s in specs) else None
+            batches.append([p.ts, mark, specs, inputs])
+        order = _grouped(streams)
+        runs, joined = join_runs([flat[i] for i in order])
+        self._append(INTERVAL, committed[-1][0].ts, {"batches": batches, "order": order, "runs": runs}, joined)
 
     def call(self, procedure: str, params: dict[str, Any], ts: int, run: _Run) -> None:
         if self.mode == "weak":
@@ -247,6 +278,14 @@ class Journal:
             pass
         elif kind == SPAN:
             flow.replay_span(head, tables)
+        elif kind == INTERVAL:
+            ordered, _ = split_runs(head["runs"], tables)
+            flat: list[pa.Table] = [pa.table({})] * len(ordered)
+            for i, t in zip(head["order"], ordered, strict=True):
+                flat[i] = t
+            for batch_ts, mark, specs, inputs in head["batches"]:
+                relations = [flat[i] if i >= 0 else pa.table({}) for i in inputs]
+                flow.replay_tes(batch_ts, specs, relations, None, mark)
         elif kind == FRAGMENTS:
             n = len(head["specs"])
             exchange = Exchange.from_wire(head.get("exchange"), tables[n:])
@@ -261,6 +300,14 @@ class Journal:
                 marks = [h["mark"] for h, _, _ in pending if h["mark"] is not None]
                 flow.replay_tes(ts, specs, inputs, head["params"], marks[0] if marks else None)
                 pending.clear()
+
+
+def _grouped(keys: list[str]) -> list[int]:
+    """Indices of `keys`, equal keys together (first seen first): the inputs of one stream, for `join_runs`."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    return [i for group in groups.values() for i in group]
 
 
 def _say(partition: int, message: str) -> None:
