@@ -27,7 +27,7 @@ from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_v
 from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
 from streamtx.recovery import LogReader, decode_command
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.partition.journal import INTERVAL
+from streamtx.server.partition.journal import INTERVAL, PUSHES
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -214,10 +214,11 @@ def test_recovery_starts_from_the_last_checkpoint_and_replays_only_after_it(tmp_
         srv.close()
 
 
-def test_batches_committed_together_are_one_strong_record_and_replay_batch_for_batch(tmp_path):
-    """Strong logging writes an interval's TEs (border and interior, two schemas) as one INTERVAL record."""
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_batches_committed_together_are_one_record_and_replay_batch_for_batch(tmp_path, mode):
+    """An interval's batches are one record: INTERVAL (strong: TEs border and interior, two schemas) or PUSHES."""
     data = tmp_path / "data"
-    srv = EmbeddedServer(data, durability="strong").start()
+    srv = EmbeddedServer(data, durability=mode).start()
     batches = [pa.table({"k": pa.array([i, -i], pa.int64())}) for i in range(1, 301)]
     script = (
         "CREATE TABLE t (k BIGINT, doubled BIGINT); CREATE STREAM s (k BIGINT);"
@@ -232,13 +233,15 @@ def test_batches_committed_together_are_one_strong_record_and_replay_batch_for_b
             before = c.query("SELECT k, doubled FROM t ORDER BY k").fetchall()
             assert before == [(k, 2 * k) for k in range(1, 301)]
         srv.kill()
+        kind, key = (INTERVAL, "batches") if mode == "strong" else (PUSHES, "pushes")
         intervals = [
-            decode_command(r.payload)[0]["batches"]
+            decode_command(r.payload)[0][key]
             for r in LogReader(data / "partition-0" / "log").records()
-            if r.kind == INTERVAL
+            if r.kind == kind
         ]
         assert max(map(len, intervals), default=0) > 1  # the pipelined batches were committed together
-        assert all(len(specs) == 2 for _, _, specs, _ in (b for i in intervals for b in i))  # p1 and p2
+        if mode == "strong":
+            assert all(len(specs) == 2 for _, _, specs, _ in (b for i in intervals for b in i))  # p1 and p2
         srv.start()
         with Client(srv.target, producer_id="p") as c:
             assert c.query("SELECT k, doubled FROM t ORDER BY k").fetchall() == before

@@ -3,7 +3,8 @@
 Modes (`--durability`):
 
 - `weak`: the commands a partition takes from outside are logged: each atomic
-  batch (PUSH: its stream, producer, batch id, timestamp and tuples), OLTP call
+  batch (PUSH: its stream, producer, batch id, timestamp and tuples; the
+  batches one interval committed together are one PUSHES record), OLTP call
   (CALL), front-side rejection (REJECT), deploy (INSTALL), and the fragments of
   coordinated commands it committed (FRAGMENTS: their inputs came from other
   partitions, so they cannot be re-derived here; a state TE's fragment keeps
@@ -61,6 +62,7 @@ FRAGMENTS = 6  # record kind: the fragments of a coordinated command committed h
 DONE = 7  # record kind (home partition): a coordinated command finished on every partition
 SPAN = 8  # record kind: a span (state batches over several partitions, with their merged rows) committed here
 INTERVAL = 9  # record kind (strong): the TEs of the batches one interval committed, in order
+PUSHES = 10  # record kind (weak): the batches one interval committed, in order
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -104,14 +106,22 @@ class Journal:
             self.reject(p.producer, p.stream, p.batch_id, p.ts, outcome.code, outcome.reason)
 
     def interval(self, committed: list[tuple[Push, _Run]]) -> None:
-        """The batches one DuckDB transaction committed, as one record (strong) or one PUSH each (weak).
+        """The batches one DuckDB transaction committed, as one record: INTERVAL (strong) or PUSHES (weak).
 
-        One record instead of one per TE: on 1-tuple batches, encoding a
-        record per TE cost more than running the TE's state operations.
+        One record instead of one per TE or batch: on 1-tuple batches, encoding
+        a record each cost more than running the batch's state operations.
         """
-        if self.mode != "strong" or len(committed) == 1:
-            for p, run in committed:
-                self.push(p, run, rejected=False)
+        if self.mode == "off":
+            return
+        if len(committed) == 1:
+            self.push(*committed[0], rejected=False)
+            return
+        last_ts = committed[-1][0].ts
+        if self.mode == "weak":
+            order = _grouped([p.stream for p, _ in committed])
+            runs, joined = join_runs([committed[i][0].batch for i in order])
+            pushes = [[p.stream, p.producer, p.batch_id, p.ts] for p, _ in committed]
+            self._append(PUSHES, last_ts, {"pushes": pushes, "order": order, "runs": runs}, joined)
             return
         batches: list[list[Any]] = []
         flat: list[pa.Table] = []
@@ -128,7 +138,7 @@ class Journal:
             batches.append([p.ts, mark, specs, inputs])
         order = _grouped(streams)
         runs, joined = join_runs([flat[i] for i in order])
-        self._append(INTERVAL, committed[-1][0].ts, {"batches": batches, "order": order, "runs": runs}, joined)
+        self._append(INTERVAL, last_ts, {"batches": batches, "order": order, "runs": runs}, joined)
 
     def call(self, procedure: str, params: dict[str, Any], ts: int, run: _Run) -> None:
         if self.mode == "weak":
@@ -231,12 +241,15 @@ class Journal:
                 head, tables = decode_command(record.payload)
                 if record.kind == Kind.PUSH:
                     pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
-                    if len(pushes) < REPLAY_INTERVAL:
-                        continue
+                elif record.kind == PUSHES:
+                    batches = _ungrouped(head, tables)
+                    pushes += [Push(s, p, b, ts, t) for (s, p, b, ts), t in zip(head["pushes"], batches, strict=True)]
+                if record.kind in (Kind.PUSH, PUSHES) and len(pushes) < REPLAY_INTERVAL:
+                    continue
                 if pushes:
                     flow.run_pushes(pushes)
                     pushes = []
-                if record.kind != Kind.PUSH:
+                if record.kind not in (Kind.PUSH, PUSHES):
                     self._replay(flow, record.kind, record.ts, head, tables, pending)
                 if time.monotonic() - last_report > 1.0:
                     _say(partition, f"replayed {count}/{total} log records")
@@ -279,10 +292,7 @@ class Journal:
         elif kind == SPAN:
             flow.replay_span(head, tables)
         elif kind == INTERVAL:
-            ordered, _ = split_runs(head["runs"], tables)
-            flat: list[pa.Table] = [pa.table({})] * len(ordered)
-            for i, t in zip(head["order"], ordered, strict=True):
-                flat[i] = t
+            flat = _ungrouped(head, tables)
             for batch_ts, mark, specs, inputs in head["batches"]:
                 relations = [flat[i] if i >= 0 else pa.table({}) for i in inputs]
                 flow.replay_tes(batch_ts, specs, relations, None, mark)
@@ -308,6 +318,15 @@ def _grouped(keys: list[str]) -> list[int]:
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
     return [i for group in groups.values() for i in group]
+
+
+def _ungrouped(head: dict[str, Any], tables: list[pa.Table]) -> list[pa.Table]:
+    """The relations of an interval record in their first order (undoes `_grouped` and `join_runs`)."""
+    ordered, _ = split_runs(head["runs"], tables)
+    out: list[pa.Table] = [pa.table({})] * len(ordered)
+    for i, t in zip(head["order"], ordered, strict=True):
+        out[i] = t
+    return out
 
 
 def _say(partition: int, message: str) -> None:
