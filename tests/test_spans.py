@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamtx.client import Client
+from streamtx.procedures.examples.counters import EVENTS
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.front.gate import Gate
 from streamtx.server.partitioning import PartitionMap
@@ -122,15 +123,6 @@ def test_a_failed_span_fails_each_of_its_requests():
 
 # ------------------------------------------------------------------------- on servers
 
-SCHEMA = pa.schema(
-    [
-        ("event_id", pa.int64()),
-        ("key", pa.int64()),
-        ("delta", pa.int64()),
-        ("limit", pa.int64()),
-        ("mirror", pa.int64()),
-    ]
-)
 CEILING = 1_000  # counters.n must stay below it: the CHECK a write-back may break
 SCRIPT = f"""
 CREATE TABLE counters (key BIGINT PRIMARY KEY, n BIGINT NOT NULL CHECK (n < {CEILING})) PARTITION BY (key);
@@ -203,7 +195,7 @@ def run(target: str, batches: list[list[Row]]) -> tuple[list[tuple[str, str]], d
     with Client(target) as c:
         reset(c)
         before = c.status()["counters"]
-        tables = [pa.Table.from_pylist([dict(zip(SCHEMA.names, r, strict=True)) for r in b], SCHEMA) for b in batches]
+        tables = [pa.Table.from_pylist([dict(zip(EVENTS.names, r, strict=True)) for r in b], EVENTS) for b in batches]
         futs = [c.push("counter_events", t) for t in tables]
         acks = [(a.outcome, a.reason) for a in (f.result() for f in futs)]
         counters = dict(c.query("SELECT key, n FROM counters").fetchall())

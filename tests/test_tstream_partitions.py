@@ -17,21 +17,13 @@ import pytest
 
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument
+from streamtx.procedures.examples.counters import EVENTS
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.partitioning import PartitionMap
 
 pytestmark = pytest.mark.timeout(300)
 
 P = 3
-SCHEMA = pa.schema(
-    [
-        ("event_id", pa.int64()),
-        ("key", pa.int64()),
-        ("delta", pa.int64()),
-        ("limit", pa.int64()),
-        ("mirror", pa.int64()),
-    ]
-)
 TABLES = """
 CREATE TABLE counters (key BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (key);
 CREATE STREAM counter_events (event_id BIGINT, key BIGINT, delta BIGINT, "limit" BIGINT, mirror BIGINT);
@@ -67,7 +59,7 @@ def client(server):
 def events(rows: list[tuple[int, int, int, int | None]]) -> pa.Table:
     """(event_id, key, delta, mirror) with a limit no event reaches."""
     return pa.Table.from_pylist(
-        [{"event_id": i, "key": k, "delta": d, "limit": 10**9, "mirror": m} for i, k, d, m in rows], schema=SCHEMA
+        [{"event_id": i, "key": k, "delta": d, "limit": 10**9, "mirror": m} for i, k, d, m in rows], schema=EVENTS
     )
 
 

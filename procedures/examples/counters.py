@@ -6,7 +6,20 @@ then the event's state transaction aborts and the event is reported rejected.
 
 from __future__ import annotations
 
+import pyarrow as pa
+
 from streamtx.server.statetx import Event, StateProcedure
+
+EVENTS = pa.schema(
+    [
+        ("event_id", pa.int64()),
+        ("key", pa.int64()),
+        ("delta", pa.int64()),
+        ("limit", pa.int64()),
+        ("mirror", pa.int64()),
+    ]
+)
+"""The events the procedures read (stream `counter_events` in the tests' DDL)."""
 
 
 class BoundedAdd(StateProcedure):
