@@ -128,6 +128,26 @@ def test_batches_of_one_message_commit_alone_and_acks_come_in_runs(stub):
     assert rows(stub, table) == [(1, 1), (1, 2), (2, 3), (4, 5), (5, 6), (5, 7)]
 
 
+def test_acks_of_a_long_message_leave_as_its_batches_finish(tmp_path):
+    """A message of 200 batches over intervals of at most 4: its acks come back in several runs, in order.
+
+    Held back until the whole message was done, they would come as one ack of
+    count 200 (all commit, consecutive timestamps), and a producer that packed
+    its window into one message would wait for all of it before sending more.
+    """
+    with EmbeddedServer(tmp_path / "data", extra_args=["--interval-size", "4"]) as srv:
+        with grpc.insecure_channel(srv.target) as channel:
+            stub = pb_grpc.StreamTxStub(channel)
+            stream, table = checked_copier(stub)
+            batches = [[i] for i in range(200)]
+            acks = list(stub.PushStream(iter([packed(stream, 1, batches)]), timeout=TIMEOUT))
+            per_batch = expand(acks)
+            assert [(b, o) for b, o, _, _ in per_batch] == [(i + 1, pb.COMMITTED) for i in range(200)]
+            assert len(acks) > 1, acks
+            assert sum(a.rows for a in acks) == 200
+            assert len(rows(stub, table)) == 200
+
+
 def test_packed_and_single_messages_interleave_in_batch_id_order(stub):
     stream, table = checked_copier(stub)
     single = pb.PushRequest(

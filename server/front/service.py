@@ -121,43 +121,56 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     async def PushStream(
         self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.PushAck]:
-        """Reads messages as fast as admission allows; acks go back in send order.
+        """Reads messages as fast as admission allows; acks go back in send order, as batches finish.
 
         Admission counts messages: a message of several batches is bounded by
-        gRPC's message size, and its batches are sequenced together.
+        gRPC's message size, and its batches are sequenced together. A
+        message's acks leave a run at a time as its batches finish, not when
+        all of them have: a producer that packed its whole window into one
+        message gets its slots back interval by interval, so its next batches
+        overlap the partitions' work instead of alternating with it.
         """
-        acks: asyncio.Queue[asyncio.Future | None] = asyncio.Queue()
+        messages: asyncio.Queue[_Message | None] = asyncio.Queue()
         front = self.front
 
         async def read() -> None:
             try:
                 async for request in request_iterator:
                     await front.admission.acquire()
-                    fut = asyncio.ensure_future(self._push_admitted(request))
-                    await acks.put(fut)
+                    front.counters["push_messages"] += 1
+                    try:
+                        message = self._start_message(request)
+                    except BaseException:
+                        front.admission.release()
+                        raise
+                    message.when_done(front.admission.release)
+                    await messages.put(message)
             finally:
-                await acks.put(None)
+                await messages.put(None)
 
         reader = asyncio.create_task(read())
         try:
             while True:
-                fut = await acks.get()
-                if fut is None:
+                message = await messages.get()
+                if message is None:
                     break
-                for ack in await fut:
-                    yield ack
+                async for run in message.runs():
+                    for ack in run:
+                        yield ack
             await reader
         finally:
             reader.cancel()
 
-    async def _push_admitted(self, request: pb.PushRequest) -> list[pb.PushAck]:
-        self.front.counters["push_messages"] += 1
+    def _start_message(self, request: pb.PushRequest) -> _Message:
+        """Sequences every batch of one PushStream message now; `_Message.runs` yields their acks."""
+        if request.batch_rows:
+            return self._start_many(request)
+        ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
-            if request.batch_rows:
-                return await self._push_many(request)
-            return [await self._push(request)]
-        finally:
-            self.front.admission.release()
+            fut = self._start_push(request, ack)
+        except StreamTxError as e:
+            return _Message(self, [self._rejected(ack, e)], [None])
+        return _Message(self, [ack], [fut])
 
     def _start_push(self, request: pb.PushRequest, ack: pb.PushAck) -> asyncio.Future:
         front = self.front
@@ -186,7 +199,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         ack.reason = e.message
         return ack
 
-    async def _push_many(self, request: pb.PushRequest) -> list[pb.PushAck]:
+    def _start_many(self, request: pb.PushRequest) -> _Message:
         """Several batches of one message: each sequenced, executed and answered as if sent alone."""
         front = self.front
         stream, producer, first = request.stream, request.producer_id, request.batch_id
@@ -195,9 +208,9 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         try:
             schema = front.check_push(stream, producer, first)
         except StreamTxError as e:
-            return [self._rejected(ack, e) for ack in acks]
+            return _Message(self, [self._rejected(ack, e) for ack in acks], [None] * len(acks))
         what = f"push to {stream!r} (producer {producer!r}, batches {first}..{first + len(sizes) - 1})"
-        futures: list[asyncio.Future] = []
+        futures: list[asyncio.Future | None] = []
         try:
             table = decode_rowdata(request.data, schema, what)
             if min(sizes) < 0 or sum(sizes) != table.num_rows:
@@ -218,15 +231,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                     futures.append(front.reject(stream, producer, ack.batch_id, e))
                     continue
                 futures.append(front.push(stream, producer, ack.batch_id, part))
-        outcomes = await asyncio.gather(*futures, return_exceptions=True)
-        for ack, outcome in zip(acks, outcomes, strict=True):
-            if isinstance(outcome, StreamTxError):
-                self._rejected(ack, outcome)
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                _fill_ack(ack, outcome)
-        return _runs(acks)
+        return _Message(self, acks, futures)
 
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:
@@ -401,6 +406,46 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         parts = self.staging.drop(request.stream, request.staging_id)
         self.front.counters["staged_aborts"] += 1
         return pb.AbortStagedResponse(parts=parts)
+
+
+class _Message:
+    """The acks of one PushStream message, each filled in once its batch's outcome is known."""
+
+    def __init__(self, service: StreamTxService, acks: list[pb.PushAck], futures: list[asyncio.Future | None]) -> None:
+        self.service = service
+        self.acks = acks
+        self.futures = futures  # None: answered already (refused before it was sequenced)
+
+    def when_done(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once every batch of the message has its outcome, whether or not its acks were read."""
+        pending = [f for f in self.futures if f is not None]
+        if not pending:
+            callback()
+            return
+        asyncio.gather(*pending, return_exceptions=True).add_done_callback(lambda _: callback())
+
+    async def runs(self) -> AsyncIterator[list[pb.PushAck]]:
+        """The acks in send order: whenever the next batch finishes, it and every finished batch after it."""
+        acks, futures = self.acks, self.futures
+        at = 0
+        while at < len(acks):
+            first = futures[at]
+            if first is not None and not first.done():
+                await asyncio.wait([first])
+            end = at
+            while end < len(acks) and (futures[end] is None or futures[end].done()):
+                fut = futures[end]
+                if fut is not None:
+                    error = fut.exception()
+                    if isinstance(error, StreamTxError):
+                        self.service._rejected(acks[end], error)
+                    elif error is not None:
+                        raise error
+                    else:
+                        _fill_ack(acks[end], fut.result())
+                end += 1
+            yield _runs(acks[at:end])
+            at = end
 
 
 def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
