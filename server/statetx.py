@@ -161,12 +161,27 @@ class StateProcedure:
         """Default: nothing to emit."""
 
 
+Undo = tuple[dict[Key, Row | None], Key, Row | None, set[Key] | None]
+"""How to take one write back: the table's rows, the key, its row before, and the dirty set it joined (if it did)."""
+UNHELD: Any = object()
+"""The row before a write of a key the working set did not hold (not even as missing): rollback drops the key."""
+
+
 class WorkingSet:
     """The rows an interval touches, per table, with the keys written since the last write-back.
 
-    `epoch` changes whenever rows are forgotten (`clear`, `forget`), so events whose keys
-    were loaded in the same epoch need no second look. `absent` holds keys
-    known missing from the table itself, which a write-back may plainly insert.
+    `epoch` changes whenever rows are forgotten (`clear`, `forget`, `rollback`), so
+    events whose keys were loaded in the same epoch need no second look.
+    `absent` holds keys known missing from the table itself, which a
+    write-back may plainly insert.
+
+    Inside a transaction (`begin` .. `commit` / `rollback`) every write is
+    undoable: `write` and `apply_event` log how to take it back, and `clear`
+    and a write-back replace the containers rather than empty them, so the
+    ones `begin` saw survive. `rollback` therefore returns exactly to the
+    state at `begin`, dirty keys included: rows not yet written to DuckDB
+    (written back later, partition/state.py) are never lost by an abort.
+    Loading rows is not a write: loaded rows are what DuckDB holds.
     """
 
     def __init__(self) -> None:
@@ -174,6 +189,8 @@ class WorkingSet:
         self.dirty: dict[str, set[Key]] = {}
         self.absent: dict[str, set[Key]] = {}
         self.epoch = 0
+        self.undo: list[Undo] | None = None  # the open transaction's writes, oldest first
+        self._begun: tuple[dict[str, dict[Key, Row | None]], dict[str, set[Key]]] | None = None
 
     def load(self, table: str, rows: dict[Key, Row | None]) -> None:
         self.rows.setdefault(table, {}).update(rows)
@@ -181,18 +198,57 @@ class WorkingSet:
     def get(self, table: str, key: Key) -> Row | None:
         return self.rows[table][key]
 
+    def write(self, table: str, key: Key, row: Row | None) -> None:
+        """Sets a row, to be written back; undoable inside a transaction."""
+        have = self.rows.setdefault(table, {})
+        written = self.dirty.get(table)
+        if written is None:
+            written = self.dirty[table] = set()
+        if self.undo is not None:
+            self.undo.append((have, key, have.get(key, UNHELD), None if key in written else written))
+        have[key] = row
+        written.add(key)
+
     def clear(self) -> None:
-        self.rows.clear()
-        self.dirty.clear()
-        self.absent.clear()
+        self.rows = {}
+        self.dirty = {}
+        self.absent = {}
         self.epoch += 1
 
     def forget(self, table: str) -> None:
-        """Drops one table's rows, written back already (none dirty)."""
-        assert not self.dirty.get(table)
+        """Drops one table's rows, written back already (none dirty); not inside a transaction."""
+        assert not self.dirty.get(table) and self.undo is None
         self.rows.pop(table, None)
         self.absent.pop(table, None)
         self.epoch += 1
+
+    def written_back(self, tables: set[str] | None = None) -> None:
+        """The dirty keys of `tables` (all: None) are in DuckDB now."""
+        self.dirty = {t: keys for t, keys in self.dirty.items() if tables is not None and t not in tables}
+
+    def begin(self) -> None:
+        self.undo = []
+        self._begun = (self.rows, self.dirty)
+
+    def commit(self) -> None:
+        self.undo = None
+        self._begun = None
+
+    def rollback(self) -> None:
+        """Back to the state at `begin`: rows and dirty keys. Known-missing keys are forgotten (DuckDB rolled back)."""
+        if self.undo is None or self._begun is None:
+            return
+        for have, key, old, joined in reversed(self.undo):
+            if old is UNHELD:
+                have.pop(key, None)
+            else:
+                have[key] = old
+            if joined is not None:
+                joined.discard(key)
+        self.rows, self.dirty = self._begun
+        self.absent = {}
+        self.epoch += 1
+        self.commit()
 
 
 def apply_event(event: Event, ws: WorkingSet) -> None:
@@ -206,7 +262,7 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
         return
     rows = ws.rows
     dirty = ws.dirty
-    undo: list[tuple[dict[Key, Row | None], Key, Row | None, set[Key] | None]] = []
+    undo: list[Undo] = []
     values: list[Row | None] = []
     try:
         for op in event.ops:
@@ -239,3 +295,5 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
         event.values = []
         return
     event.values = values
+    if ws.undo is not None:
+        ws.undo += undo

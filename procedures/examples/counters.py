@@ -67,3 +67,22 @@ class CheckedAdd(BoundedAdd):
 
 
 checked_add = CheckedAdd()
+
+
+class AlertingAdd(BoundedAdd):
+    """`bounded_add` that also emits each rejected event on `counter_alerts` (tests/test_write_behind.py).
+
+    A SQL procedure on that stream is a barrier in some batches only, so
+    intervals mix batches whose rows wait in the working set with batches
+    that write everything back first.
+    """
+
+    emits = ("counter_results", "counter_alerts")
+
+    def post_process(self, ev: Event) -> None:
+        super().post_process(ev)
+        if ev.rejected:
+            ev.emit("counter_alerts", {"event_id": ev["event_id"]})
+
+
+alerting_add = AlertingAdd()

@@ -138,7 +138,7 @@ class Dataflow:
         taken: dict[tuple[str, str], tuple[int, int]] = {}
         eng.counters["intervals"] += 1
         saved = eng.windows.snapshot()
-        eng.con.execute("BEGIN")
+        eng.begin()
         try:
             if eng.executor == "opchain":
                 self._prepare(pushes)
@@ -155,9 +155,12 @@ class Dataflow:
                 run.execute_fast()
                 taken[key] = (p.batch_id, p.ts)
                 runs.append((i, run))
-            eng.write_marks(taken)
-            eng.state.flush()
-            eng.con.execute("COMMIT")
+            eng.state.add_marks(taken)
+            if eng.executor == "opchain":
+                eng.state.end_interval()  # what certainly fits waits in the working set (partition/state.py)
+            else:
+                eng.state.flush()
+            eng.commit()
         except (StreamTxError, duckdb.Error):  # an abort, or rows a constraint refuses at the write-back
             self._rollback(saved)
             if len(pushes) == 1:
@@ -202,11 +205,11 @@ class Dataflow:
         saved = eng.windows.snapshot()
         run = _Run(self, ts, {})
         run.start_call(procedure, params)
-        eng.con.execute("BEGIN")
+        eng.begin()
         try:
             run.execute_fast()
             eng.state.flush()
-            eng.con.execute("COMMIT")
+            eng.commit()
         except StreamTxError:
             self._rollback(saved)
             run = _Run(self, ts, {})
@@ -245,7 +248,7 @@ class Dataflow:
             if dup is not None:
                 return {"duplicate": dup.header()}, []
         if not self._open:
-            eng.con.execute("BEGIN")
+            eng.begin()
             self._open_windows = eng.windows.snapshot()
             self._open_stored = set()
             self._open_specs = []
@@ -331,7 +334,7 @@ class Dataflow:
         """Re-executes logged TEs as one transaction, PE triggers off (strong recovery)."""
         eng = self.engine
         saved = eng.windows.snapshot()
-        eng.con.execute("BEGIN")
+        eng.begin()
         try:
             _, stored, _, _ = self.run_specs(ts, specs, tables, params, exchange)
             self._commit_with_mark(ts, mark, stored)
@@ -344,9 +347,9 @@ class Dataflow:
         """Commits the open DuckDB transaction with the batch's dedup mark (if any) and stored outputs."""
         eng = self.engine
         if mark is not None:
-            eng.write_marks({(mark[0], mark[1]): (mark[2], ts)})
+            eng.record_mark(mark[0], mark[1], mark[2], ts)
         eng.state.flush()
-        eng.con.execute("COMMIT")
+        eng.commit()
         if mark is not None:
             eng.marks[(mark[0], mark[1])] = mark[2]
         self._keep({s: [ts] for s in stored})
@@ -357,7 +360,7 @@ class Dataflow:
         ts = h["ts"]
         span, self._open_span = self._open_span, None
         if h["commit"] and self._open and span is not None:
-            eng.con.execute("COMMIT")
+            eng.commit()
             self._commit_span(span)
             if self.journal is not None:
                 self.journal.span(span.pushes[-1].ts, *span.wire)
@@ -397,7 +400,7 @@ class Dataflow:
             raise Internal(f"span at ts {h['pushes'][-1][3]}: a coordinated transaction is still open")
         span = _Span.from_wire(h, tables)
         saved = self.engine.windows.snapshot()
-        self.engine.con.execute("BEGIN")
+        self.engine.begin()
         try:
             self._span(span)
             self.engine.state.flush()
@@ -414,11 +417,11 @@ class Dataflow:
         """Re-runs a logged span as it committed (recovery)."""
         span = _Span.from_wire(head, tables)
         saved = self.engine.windows.snapshot()
-        self.engine.con.execute("BEGIN")
+        self.engine.begin()
         try:
             self._span(span)
             self.engine.state.flush()
-            self.engine.con.execute("COMMIT")
+            self.engine.commit()
         except BaseException:
             self._rollback(saved)
             raise
@@ -456,7 +459,7 @@ class Dataflow:
         finally:
             eng.exchange = None
         span.taken = taken
-        eng.write_marks(taken)
+        eng.state.add_marks(taken)
         keep_owned(eng, exchange.ws)
 
     def _commit_span(self, span: _Span) -> None:
@@ -495,9 +498,8 @@ class Dataflow:
 
     def _rollback(self, saved_windows: Any) -> None:
         eng = self.engine
-        eng.con.execute("ROLLBACK")
+        eng.rollback()
         eng.windows.restore(saved_windows)
-        eng.state.discard()
 
     def _prepare(self, pushes: list[Push]) -> None:
         """opchain: pre-processes the events of the interval's state procedures and loads their keys.
@@ -656,7 +658,7 @@ class _Run:
                 continue
             if self._group is None:
                 self.eng.state.flush()
-                self.eng.con.execute("COMMIT")
+                self.eng.commit()
             else:
                 self._group_tes.append(te)
             self._done(te, tx, self._group)
@@ -694,7 +696,7 @@ class _Run:
 
     def _begin(self, group: str | None) -> None:
         self._logged_at = len(self.logged)
-        self.eng.con.execute("BEGIN")
+        self.eng.begin()
         self._saved_windows = self.eng.windows.snapshot()
         self._saved_inputs = dict(self.inputs)
         self._group = group
@@ -703,7 +705,7 @@ class _Run:
 
     def _commit(self) -> None:
         self.eng.state.flush()
-        self.eng.con.execute("COMMIT")
+        self.eng.commit()
         self.stored |= self._group_stored
         self._group = None
         self._group_tes = []
@@ -714,7 +716,7 @@ class _Run:
         if te.border:
             assert te.stream is not None
             if te.stream in cat.retained:  # stored with the interval's other output, at the commit
-                self.eng.state.pending_out.setdefault(te.stream, []).append((self.ts, self.inputs[te.stream]))
+                self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, self.inputs[te.stream]))
                 tx.stored.add(te.stream)
             elif self.eng.stream_triggers(te.stream):
                 tx.register_input()
@@ -747,9 +749,8 @@ class _Run:
     def _abort(self, te: _TE, error: StreamTxError) -> None:
         """Undoes the open transaction (the TE, or its whole group) and reports it."""
         eng = self.eng
-        eng.con.execute("ROLLBACK")
+        eng.rollback()
         eng.windows.restore(self._saved_windows)
-        eng.state.discard()
         self.inputs = self._saved_inputs
         del self.logged[self._logged_at :]
         group = self._group

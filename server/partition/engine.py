@@ -201,32 +201,31 @@ class Engine:
         self.marks = {(p, s): b for p, s, b, _ in rows}
         self.last_ts = max([ts for *_, ts in rows] + [self.last_ts])
 
+    # ------------------------------------------------------------ transactions
+    def begin(self) -> None:
+        """Opens a DuckDB transaction; the working set can be taken back with it (`rollback`)."""
+        self.con.execute("BEGIN")
+        self.state.begin()
+
+    def commit(self) -> None:
+        self.con.execute("COMMIT")
+        self.state.committed()
+
+    def rollback(self) -> None:
+        """Undoes the open transaction in DuckDB and in the working set alike."""
+        self.con.execute("ROLLBACK")
+        self.state.rollback()
+
     def record_mark(self, producer: str, stream: str, batch_id: int, ts: int) -> None:
-        """Records that a batch was taken; runs inside the batch's transaction."""
-        self.write_marks({(producer, stream): (batch_id, ts)})
-
-    def write_marks(self, taken: dict[tuple[str, str], tuple[int, int]]) -> None:
-        """Stores the last batch taken per producer and stream (inside the caller's transaction).
-
-        A plain UPDATE of a known row, not an upsert: `producers` has no index to
-        maintain, and an upsert costs several statements' worth.
-        """
-        for (producer, stream), (batch_id, ts) in taken.items():
-            params = {"p": producer, "s": stream, "b": batch_id, "ts": ts}
-            if (producer, stream) in self.marks:
-                self.con.execute(
-                    f"UPDATE {SYSTEM_SCHEMA}.producers SET last_batch_id = $b, last_ts = $ts "
-                    "WHERE producer_id = $p AND stream = $s",
-                    params,
-                )
-            else:
-                self.con.execute(f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts)", params)
+        """Records that a batch was taken, with the transaction it runs in (written with its state)."""
+        self.state.add_marks({(producer, stream): (batch_id, ts)})
 
     def record_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
-        self.con.execute("BEGIN")
+        self.begin()
         self.record_mark(producer, stream, batch_id, ts)
         self.write_rejection(producer, stream, batch_id, ts, code, reason)
-        self.con.execute("COMMIT")
+        self.state.flush()
+        self.commit()
         self.marks[(producer, stream)] = batch_id
 
     def write_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
@@ -256,17 +255,18 @@ class Engine:
     def retain(self, stream: str, batch_ids: list[int]) -> None:
         """Keeps new batches of a stream nothing consumes, for subscribers: the latest `retention`.
 
-        Called once per stream after each commit, with every batch it stored,
-        so trimming costs one statement per commit, not per batch.
+        Called once per stream after each commit, with every batch it stored;
+        the trim is written with the state (`StateStore.trim`), so it costs
+        one statement per write, not per batch.
         """
         kept = self.retained.setdefault(stream, collections.deque())
         kept.extend(batch_ids)
         if len(kept) <= self.retention:
             return
-        cut = None
+        cut = 0
         while len(kept) > self.retention:
             cut = kept.popleft()
-        self.con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
+        self.state.trim(stream, cut)
         self.trimmed_through[stream] = cut
 
     def read_stream(self, stream: str, from_batch: int, max_batches: int) -> list[tuple[int, pa.Table]]:

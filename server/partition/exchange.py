@@ -184,10 +184,10 @@ def keep_owned(eng: Engine, ws: WorkingSet) -> None:
             continue
         keys = list(dirty)
         found = ownership.owners(eng, table, keys, ownership.placement_of(eng, table) or SINGLE).tolist()
-        mine = {k: ws.rows[table][k] for k, p in zip(keys, found, strict=True) if p == eng.partition}
-        if mine:
-            eng.state.ws.load(table, mine)
-            eng.state.ws.dirty.setdefault(table, set()).update(mine)
+        rows = ws.rows[table]
+        for k, p in zip(keys, found, strict=True):
+            if p == eng.partition:
+                eng.state.ws.write(table, k, rows[k])
 
 
 def _rows(engine: Engine, table: str, keys: list[Any]) -> pa.Table:

@@ -274,6 +274,7 @@ class Journal:
         pending: list[tuple[dict[str, Any], list[pa.Table], int]],
     ) -> None:
         eng = flow.engine
+        eng.state.sync()  # as before any command but a push (Worker.handle)
         if kind == Kind.INSTALL:
             eng.install(head["catalog"], head["ddl"], head["map"])
         elif kind == Kind.CALL:

@@ -4,19 +4,35 @@ The executor decides when: `serial` loads, applies and writes back per TE;
 `opchain` loads every key a punctuation interval declared with one query per
 table, keeps the working set across the interval's TEs, and writes back once,
 or earlier when a barrier TE (SQL) must see the state.
+
+Write-behind (opchain). An interval that commits leaves its written rows in
+the working set, not in DuckDB, when each of them certainly fits its table
+(`TableCheck`: exact Python types in range, NOT NULL, no other constraint
+than the one-column primary key); so do its dedup marks and the tuples it
+stored on retained streams (`Pending`). The working set is then the current
+state and DuckDB a copy that lags behind it; the command log, not DuckDB,
+makes commits durable, so durability is unchanged. DuckDB is brought current
+(`sync`, or `flush` inside a transaction) before anything else reads or
+writes it: any SQL statement of a TE (`barrier`), every command that is not
+a push (calls, queries, stream reads, checkpoints, status, coordinated
+commands, deploys), recovery records other than pushes, the isolated path,
+and whenever more than `DEFER_MAX` rows and outputs wait. A row that might
+not fit is written at its interval's commit, as before, so a constraint it
+breaks still aborts that interval.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
 
-from streamtx.errors import Aborted, InvalidArgument
-from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+from streamtx.errors import Aborted, Internal, InvalidArgument
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.statetx import Event, Row, WorkingSet
 
@@ -39,6 +55,9 @@ _PY_TYPES = {pa.string(): str, pa.large_string(): str, pa.bool_(): bool, pa.floa
 CACHED_ROWS = 100_000  # rows of one table the working set keeps across intervals
 SMALL = 4  # rows (or keys) few enough for one parameterized statement each, rather than a registered relation
 SPLIT_WRITE_BACK = 64  # new rows of a table that pay for a separate INSERT beside its upsert
+DEFER_MAX = 20_000  # dirty rows and retained output parts held back from DuckDB, at most (write-behind)
+Mark = tuple[str, str]
+"""(producer, stream): whose last batch a dedup mark records."""
 Values = tuple[Any, ...]
 """One row's values in its stream's column order."""
 
@@ -157,6 +176,85 @@ def _encodable(text: str) -> bool:
     return True
 
 
+_DUCK_SCALARS: dict[str, tuple[type, int | None, int | None]] = {
+    "TINYINT": (int, -(2**7), 2**7 - 1),
+    "SMALLINT": (int, -(2**15), 2**15 - 1),
+    "INTEGER": (int, -(2**31), 2**31 - 1),
+    "BIGINT": (int, -(2**63), 2**63 - 1),
+    "UTINYINT": (int, 0, 2**8 - 1),
+    "USMALLINT": (int, 0, 2**16 - 1),
+    "UINTEGER": (int, 0, 2**32 - 1),
+    "VARCHAR": (str, None, None),
+    "BOOLEAN": (bool, None, None),
+    "DOUBLE": (float, None, None),
+}
+_Kind = tuple[type, int | None, int | None]
+
+
+def _fits(v: Any, kind: _Kind) -> bool:
+    cls, lo, hi = kind
+    if type(v) is not cls:
+        return False
+    if lo is not None:
+        return lo <= v <= hi  # type: ignore[operator]
+    return cls is not str or v.isascii() or _encodable(v)
+
+
+class TableCheck:
+    """Which rows a table certainly takes as they are: their write may wait (write-behind, module docstring).
+
+    A row fits when it is a dict whose primary key equals its key and each
+    column's value is None (where NULL is allowed) or exactly of the
+    column's Python type and in its range: int for integer columns, str,
+    bool, float for DOUBLE, a list of such for `T[]`. A table with a CHECK,
+    UNIQUE or FOREIGN KEY constraint (either end), a generated column, or a
+    column of any other type has no check: its rows are written at once.
+    """
+
+    def __init__(self, pk: str, columns: list[tuple[str, _Kind, bool, bool]]) -> None:
+        self.pk = pk
+        self.columns = columns  # (name, kind, is a list, nullable)
+
+    @classmethod
+    def of(cls, pk: str, described: list[tuple[str, str, bool]]) -> TableCheck | None:
+        """From (column, DuckDB type, nullable) triples; None if some column has no exact check."""
+        columns = []
+        for name, duck_type, nullable in described:
+            listed = duck_type.endswith("[]")
+            kind = _DUCK_SCALARS.get(duck_type[:-2] if listed else duck_type)
+            if kind is None:
+                return None
+            columns.append((name, kind, listed, nullable))
+        return cls(pk, columns)
+
+    def fits(self, key: Any, row: Row | None) -> bool:
+        if type(row) is not dict or row.get(self.pk) != key:
+            return False
+        for name, kind, listed, nullable in self.columns:
+            v = row.get(name)
+            if v is None:
+                if not nullable:
+                    return False
+            elif listed:
+                if type(v) is not list or not all(x is None or _fits(x, kind) for x in v):
+                    return False
+            elif not _fits(v, kind):
+                return False
+        return True
+
+
+@dataclasses.dataclass
+class Pending:
+    """What committed work left for DuckDB besides dirty rows: retained outputs, dedup marks, trims."""
+
+    out: dict[str, list[tuple[int, pa.Table | list[Values]]]] = dataclasses.field(default_factory=dict)
+    marks: dict[Mark, tuple[int, int]] = dataclasses.field(default_factory=dict)  # -> (batch id, ts)
+    trims: dict[str, int] = dataclasses.field(default_factory=dict)  # stream -> delete its stored batches up to this id
+
+    def __bool__(self) -> bool:
+        return bool(self.out or self.marks or self.trims)
+
+
 def table_rows(table: pa.Table) -> list[Row]:
     """`table.to_pylist()`, column by column: the same rows for a fraction of the cost."""
     if table.num_columns == 0:
@@ -192,9 +290,11 @@ class StateStore:
         self.ws = WorkingSet()
         self.keys: dict[str, str] = {}  # table -> its one-column primary key
         self.columns: dict[str, list[str]] = {}
-        # retained-stream tuples to store at the commit: tables, or row values of the stream's shape
-        self.pending_out: dict[str, list[tuple[int, pa.Table | list[Values]]]] = {}
+        self.checks: dict[str, TableCheck] = {}  # tables whose rows may wait in the working set
+        # retained-stream tuples (tables, or row values of the stream's shape), marks and trims not yet in DuckDB
+        self.pending = Pending()
         self._shapes: dict[str, RowShape | None] = {}
+        self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], dict[str, int]] | None = None
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
@@ -207,6 +307,28 @@ class StateStore:
             if len(cols) == 1:
                 self.keys[table] = cols[0]
         self.columns = {t: list(cols) for t, cols in self.engine.catalog.table_columns.items()}
+        constrained = {
+            t
+            for kind, t, referenced in con.execute(
+                "SELECT constraint_type, table_name, referenced_table FROM duckdb_constraints() "
+                "WHERE schema_name = 'main' AND constraint_type IN ('CHECK', 'UNIQUE', 'FOREIGN KEY')"
+            ).fetchall()
+            for t in (t, referenced)
+            if t is not None
+        }
+        described: dict[str, list[tuple[str, str, bool]]] = {}
+        for t, name, duck_type, nullable, generated in con.execute(
+            "SELECT table_name, column_name, data_type, is_nullable, is_generated FROM duckdb_columns() "
+            "WHERE schema_name = 'main' AND NOT internal ORDER BY table_name, column_index"
+        ).fetchall():
+            if generated:
+                constrained.add(t)
+            described.setdefault(t, []).append((name, duck_type, nullable))
+        self.checks = {}
+        for t, pk in self.keys.items():
+            check = TableCheck.of(pk, described.get(t, [])) if t not in constrained and t in self.columns else None
+            if check is not None:
+                self.checks[t] = check
         self._shapes = {}
         self.ws.clear()
 
@@ -258,8 +380,10 @@ class StateStore:
         if len(rows) < len(found):
             self.ws.absent.setdefault(table, set()).update(k for k, row in found.items() if row is None)
 
-    def write_back(self) -> int:
-        """Writes the dirty rows, in as few and as cheap DuckDB statements as they allow. Returns the rows written.
+    def write_back(self, tables: Iterable[str] | None = None) -> int:
+        """Writes the dirty rows (of `tables`; all: None), in as few and as cheap DuckDB statements as they allow.
+
+        Returns the rows written.
 
         The general way is one INSERT OR REPLACE per table from a registered
         relation, as each statement's fixed cost (and an upsert's) dwarfs its
@@ -271,8 +395,9 @@ class StateStore:
         """
         ws = self.ws
         written = 0
+        chosen = None if tables is None else set(tables)
         for table, keys in ws.dirty.items():
-            if not keys:
+            if not keys or (chosen is not None and table not in chosen):
                 continue
             have = ws.rows[table]
             pk = self.keys.get(table)
@@ -293,7 +418,7 @@ class StateStore:
                 self._replace(table, pk, old)
             if absent:
                 absent.difference_update(keys)  # the table holds them all now
-        ws.dirty.clear()
+        ws.written_back(chosen)
         return written
 
     def write_back_in(self, procedure: str | None) -> None:
@@ -334,29 +459,139 @@ class StateStore:
         self.engine.con.execute(f"{verb} INTO {quote(table)} ({collist}) SELECT {collist} FROM {name}")
 
     def barrier(self) -> None:
-        """Before SQL that may read or write the tables: write back, then forget the working set."""
-        if self.ws.rows:
-            self.write_back()
+        """Before SQL that may read or write the tables: write everything back, then forget the working set."""
+        if self.ws.rows or self.pending:
+            self.flush()
             self.ws.clear()
 
     def flush(self) -> None:
-        """Before a commit: the dirty rows and the buffered output tuples go to DuckDB.
+        """Writes everything held back, inside the open transaction: dirty rows, retained outputs, trims, marks.
 
         The working set stays, as a cache of current rows for the next
-        intervals, except a table's rows once they exceed `CACHED_ROWS`: keys
-        that are mostly new (a table of events, like the voter's `votes`)
-        would otherwise hold every row ever written in memory.
+        intervals (`committed` forgets a table's rows once they exceed
+        `CACHED_ROWS`: keys that are mostly new, like the voter's `votes`,
+        would otherwise keep every row ever written in memory).
         """
         self.write_back()
-        for table in [t for t, rows in self.ws.rows.items() if len(rows) > CACHED_ROWS]:
-            self.ws.forget(table)
-        for stream, parts in self.pending_out.items():
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = Pending()  # replaced, not emptied: a rollback returns to the one `begin` saw
+        con = self.engine.con
+        for stream, parts in pending.out.items():
             data = self._stored(stream, parts)
             name = f"__out__{stream}"
-            self.engine.con.register(name, data)
+            con.register(name, data)
             cols = ", ".join(quote(c) for c in data.column_names)
-            self.engine.con.execute(f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}) SELECT {cols} FROM {name}")
-        self.pending_out.clear()
+            con.execute(f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}) SELECT {cols} FROM {name}")
+        for stream, cut in pending.trims.items():
+            con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
+        for (producer, stream), (batch_id, ts) in pending.marks.items():
+            params = {"p": producer, "s": stream, "b": batch_id, "ts": ts}
+            updated = con.execute(
+                f"UPDATE {SYSTEM_SCHEMA}.producers SET last_batch_id = $b, last_ts = $ts "
+                "WHERE producer_id = $p AND stream = $s",
+                params,
+            ).fetchone()
+            if not updated or not updated[0]:
+                con.execute(f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts)", params)
+
+    def end_interval(self) -> None:
+        """An opchain interval's commit: what certainly fits stays held back; the rest is written now.
+
+        Only the rows this interval wrote are checked (the others were when
+        their own interval committed). Past `DEFER_MAX` held-back rows and
+        outputs, or with a table cached beyond `CACHED_ROWS`, everything is
+        written, so memory stays bounded.
+        """
+        ws = self.ws
+        assert ws.undo is not None, "end_interval outside a transaction"
+        held = sum(map(len, ws.dirty.values())) + sum(map(len, self.pending.out.values()))
+        if held > DEFER_MAX or any(len(rows) > CACHED_ROWS for rows in ws.rows.values()):
+            self.engine.counters["state_full_writes"] += 1
+            self.flush()
+            return
+        table_of = {id(have): t for t, have in ws.rows.items()}
+        written: dict[str, set[Any]] = {}
+        for have, key, _, _ in ws.undo:
+            table = table_of.get(id(have))
+            if table is not None:
+                keys = written.get(table)
+                if keys is None:
+                    written[table] = {key}
+                else:
+                    keys.add(key)
+        now = set()
+        for table, keys in written.items():
+            dirty = ws.dirty.get(table)
+            if not dirty:
+                continue
+            check = self.checks.get(table)
+            have = ws.rows[table]
+            if check is None or not all(check.fits(k, have[k]) for k in keys if k in dirty):
+                now.add(table)
+        if now:
+            self.write_back(now)
+
+    def held_back(self) -> bool:
+        """Whether DuckDB lags behind: rows, outputs, marks or trims not written yet."""
+        return bool(self.pending) or any(self.ws.dirty.values())
+
+    def sync(self) -> None:
+        """Brings DuckDB up to date, in a transaction of its own.
+
+        Inside an open transaction (a coordinated command awaiting its
+        decision) there is nothing to do: it began with DuckDB up to date and
+        its own commit writes everything it holds.
+        """
+        if self.ws.undo is not None or not self.held_back():
+            return
+        eng = self.engine
+        eng.begin()
+        try:
+            self.flush()
+        except duckdb.Error as e:  # rows were checked to fit when held back: a bug, not the client's doing
+            eng.rollback()
+            raise Internal(f"partition {eng.partition}: writing held-back state to DuckDB failed: {e}") from None
+        eng.commit()
+        eng.counters["state_syncs"] += 1
+
+    def add_marks(self, taken: dict[Mark, tuple[int, int]]) -> None:
+        """Batches taken (last batch id and timestamp per producer and stream), stored with the next write."""
+        self.pending.marks.update(taken)
+
+    def trim(self, stream: str, cut: int) -> None:
+        """A retained stream's batches up to `cut` go, after the outputs held back are stored."""
+        self.pending.trims[stream] = cut
+
+    # ------------------------------------------------------------ transactions
+    def begin(self) -> None:
+        """A DuckDB transaction began: from here on, every change can be taken back (`rollback`)."""
+        self.ws.begin()
+        p = self.pending
+        self._begun = (p, {s: len(parts) for s, parts in p.out.items()}, dict(p.marks), dict(p.trims))
+
+    def committed(self) -> None:
+        """The transaction committed: its changes stay; tables cached beyond `CACHED_ROWS` are forgotten if clean."""
+        self.ws.commit()
+        self._begun = None
+        ws = self.ws
+        for table in [t for t, rows in ws.rows.items() if len(rows) > CACHED_ROWS and not ws.dirty.get(t)]:
+            ws.forget(table)
+
+    def rollback(self) -> None:
+        """The transaction rolled back: the working set and what was held back return to `begin`."""
+        self.ws.rollback()
+        if self._begun is None:
+            return
+        pending, lengths, marks, trims = self._begun
+        for stream, parts in pending.out.items():
+            del parts[lengths.get(stream, 0) :]
+        pending.out = {s: parts for s, parts in pending.out.items() if parts}
+        pending.marks = marks
+        pending.trims = trims
+        self.pending = pending
+        self._begun = None
 
     def _stored(self, stream: str, parts: list[tuple[int, pa.Table | list[Values]]]) -> pa.Table:
         """A retained stream's buffered tuples, in order, with their batch ids: consecutive rows build at once."""
@@ -380,8 +615,3 @@ class StateStore:
         shape = self.shape(stream)
         assert shape is not None  # row values are buffered only for a stream with a shape
         return shape.stored(values, batch_ids)
-
-    def discard(self) -> None:
-        """Forgets the working set and buffered output (after a rollback)."""
-        self.ws.clear()
-        self.pending_out.clear()

@@ -102,7 +102,7 @@ class Transaction:
             self._emitted(stream, table)
             return
         # a retained stream is read only after the commit: stored once per interval, at the commit
-        self.engine.state.pending_out.setdefault(stream, []).append((self.batch_id, table))
+        self.engine.state.pending.out.setdefault(stream, []).append((self.batch_id, table))
         self.stored.add(stream)
 
     def abort(self, reason: str) -> None:
@@ -218,7 +218,7 @@ class Transaction:
             self.emit(stream, rows)
             return
         if stream in self.engine.catalog.retained:
-            state.pending_out.setdefault(stream, []).append((self.batch_id, values))
+            state.pending.out.setdefault(stream, []).append((self.batch_id, values))
             self.stored.add(stream)
             return
         table = shape.table(values)

@@ -258,8 +258,10 @@ class Worker:
         self.frames.write({"id": header["id"], "ok": False, "code": e.code.value[0], "message": e.message})
 
     def handle(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+        """Every command but a push: DuckDB is brought up to date first (write-behind, partition/state.py)."""
         op = h["op"]
         eng = self.engine
+        eng.state.sync()
         if op == "reject":
             out = self.dataflow.run_reject(h["stream"], h["producer"], h["batch_id"], h["ts"], h["code"], h["reason"])
             return out.header(), []
