@@ -157,6 +157,19 @@ def test_bench_push_quick(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_voter_small_run_checks_every_server_against_the_reference(capsys):
+    """Warm-up and timed rounds of all four servers; the state servers are checked against the reference."""
+    args = ["voter", "--quick", "--quiet", "--batch-sizes", "1", "--rounds", "1", "--batches", "10"]
+    assert main([*args, "--state-batches", "150"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    state = {x["executor"]: x for x in lines if x.get("mode") == "state"}
+    assert set(state) == {"serial", "opchain"}
+    assert all(x["matches_reference"] and x["batches"] == 150 and x["batches_per_s"] > 0 for x in state.values())
+    assert any(x.get("states_equal") for x in lines)
+    last = lines[-1]
+    assert RATIO_KEYS <= last.keys() and last["target"] == 5300.0 and last["matches_reference"]
+
+
 def test_a_broken_verb_does_not_take_the_others_down(monkeypatch, capsys):
     import streamtx.bench as bench
 

@@ -202,14 +202,27 @@ class Front:
         return self.gate.run(local, item)
 
     def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:
-        async def finish() -> dict[str, Any]:
-            outcome = checked(await fut)[0]
+        """The outcome of a partition's reply, once it comes; a callback, not a task per batch."""
+        out: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def finish(reply: asyncio.Future) -> None:
+            if out.done():
+                return
+            if reply.cancelled():
+                out.cancel()
+                return
+            try:
+                outcome = checked(reply.result())[0]
+            except Exception as e:  # the outcome's failure, whatever it is, is the caller's
+                out.set_exception(e)
+                return
             for s in outcome.get("emitted", ()):
                 self.notify(s)
             self.counters[outcome["outcome"]] += 1
-            return outcome
+            out.set_result(outcome)
 
-        return asyncio.ensure_future(finish())
+        fut.add_done_callback(finish)
+        return out
 
     def local_target(self, stream: str, table: pa.Table) -> int | None:
         """The one partition that runs all of a batch's TEs, or None if they span partitions (coordinated)."""

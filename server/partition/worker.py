@@ -39,7 +39,7 @@ from streamtx.server.pyproc import ProcedureLoader
 PR_SET_PDEATHSIG = 1
 WAKE_OP = "__wake__"  # inbox marker: the command log made more records durable
 CHECKPOINTED_OP = "__checkpointed__"  # inbox marker: the checkpoint writer finished
-WAKE: Frame = ({"op": WAKE_OP}, [])
+WAKE: list[Frame] = [({"op": WAKE_OP}, [])]
 KEEP_UNRELEASED = 1_000  # checkpoints written but not yet known complete on every partition
 LOGGED_OPS = frozenset({"reject", "call", "install", "decide", "done"})
 """Commands whose effects are logged: answered only once durable (pushes too, via `_pushes`)."""
@@ -74,7 +74,8 @@ class Worker:
         self.interval_s = interval_ms / 1000
         self.engine = Engine(partition, ProcedureLoader(procedures), retention, executor)
         self.dataflow = Dataflow(self.engine)
-        self.inbox: queue.Queue[Frame | None] = queue.Queue()
+        self.inbox: queue.Queue[list[Frame] | None] = queue.Queue()  # frames as they came packed; None: the end
+        self._backlog: collections.deque[Frame] = collections.deque()  # the rest of the inbox item taken last
         self.data_dir = data_dir
         self.journal = Journal.open(durability, data_dir, lambda _: self.inbox.put(WAKE), group_commit_ms)
         self.acks: collections.deque[tuple[int, dict[str, Any], list[pa.Table]]] = collections.deque()
@@ -102,8 +103,7 @@ class Worker:
             if frame is None:
                 self.inbox.put(None)
                 return
-            for one in unpack(frame):
-                self.inbox.put(one)
+            self.inbox.put(unpack(frame))  # one queue operation per message, not per batch
 
     def serve(self) -> None:
         threading.Thread(target=self._read_loop, name="ipc-reader", daemon=True).start()
@@ -152,11 +152,21 @@ class Worker:
         an fsync; with nothing left to run no more are coming from here.
         """
         try:
-            return self.inbox.get_nowait()
+            return self._take(0)
         except queue.Empty:
             if self.acks:
                 self.journal.log.flush_soon()
-            return self.inbox.get()
+            return self._take(None)
+
+    def _take(self, timeout: float | None) -> Frame | None:
+        """The next frame; `timeout` 0: only one queued already (else queue.Empty), None: as long as it takes."""
+        if self._backlog:
+            return self._backlog.popleft()
+        item = self.inbox.get_nowait() if timeout == 0 else self.inbox.get(timeout=timeout)
+        if item is None:
+            return None
+        self._backlog.extend(item)
+        return self._backlog.popleft()
 
     def _interval(self, first: Frame) -> tuple[list[Frame], Frame | None]:
         """The queued batches to run as one punctuation interval, and the frame that ended it.
@@ -170,7 +180,7 @@ class Worker:
         while len(group) < self.interval_size:
             try:
                 wait = deadline - time.monotonic()
-                nxt = self.inbox.get(timeout=wait) if wait > 0 else self.inbox.get_nowait()
+                nxt = self._take(wait if wait > 0 else 0)
             except queue.Empty:
                 break
             if nxt is None:  # the front went away: let the main loop see it
@@ -233,7 +243,7 @@ class Worker:
                 done["path"] = str(snap.write(target, meta=meta, keep=KEEP_UNRELEASED, log=self.journal.log))
             except Exception as e:  # reported to the caller; the previous checkpoint stays in use
                 done["error"] = f"{type(e).__name__}: {e}"
-            self.inbox.put((done, []))
+            self.inbox.put([(done, [])])
 
         threading.Thread(target=write, name="checkpoint-writer", daemon=True).start()
 
