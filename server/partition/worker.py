@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamtx.errors import FailedPrecondition, Internal, StreamTxError
-from streamtx.recovery import CorruptCheckpoint, CorruptLog
+from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -72,6 +72,7 @@ class Worker:
         self.frames = frames
         self.interval_size = interval_size
         self.interval_s = interval_ms / 1000
+        self.group_s = group_commit_ms / 1000
         self.engine = Engine(partition, ProcedureLoader(procedures), retention, executor)
         self.dataflow = Dataflow(self.engine)
         self.inbox: queue.Queue[list[Frame] | None] = queue.Queue()  # frames as they came packed; None: the end
@@ -130,6 +131,7 @@ class Worker:
             if op == "push":
                 group, held = self._interval(frame)
                 self._pushes(group)
+                self._await_log()
                 self._flush_acks()
                 continue
             try:
@@ -167,6 +169,21 @@ class Worker:
             return None
         self._backlog.extend(item)
         return self._backlog.popleft()
+
+    def _await_log(self) -> None:
+        """After an interval: its record is fsynced now, and waited for up to `--group-commit-ms`.
+
+        Its acknowledgements then leave before the next interval runs, not
+        after it (the next record comes only when that interval ends, so
+        there is nothing to group this one with): producers refill their
+        windows while this partition works, instead of after.
+        """
+        if self.acks and self.journal.log.durable_lsn < self.journal.last_lsn:
+            self.journal.log.flush_soon()
+            try:
+                self.journal.log.wait_durable(self.journal.last_lsn, timeout=self.group_s)
+            except LogFailed:
+                pass  # _flush_acks reports it and stops the partition
 
     def _interval(self, first: Frame) -> tuple[list[Frame], Frame | None]:
         """The queued batches to run as one punctuation interval, and the frame that ended it.
