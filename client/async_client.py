@@ -42,6 +42,8 @@ PACK_MAX_BATCHES = 1024
 """Batches packed into one PushStream message at most."""
 PACK_MAX_BYTES = 1 << 20
 """Arrow bytes packed into one message at most (a larger batch travels alone)."""
+PACK_YIELD = 64
+"""Queued batches after which `push` lets the writer run, even when the window has room."""
 
 _BACKOFF_BASE_S = 0.1
 _BACKOFF_MAX_S = 5.0
@@ -371,6 +373,11 @@ class AsyncClient:
         else:
             assert self._sendq is not None
             self._sendq.put_nowait(seq)
+            if self._sendq.qsize() >= PACK_YIELD:
+                # a producer whose window has room never yields: without this, its whole window
+                # would leave as one message, after the last batch, and the server would get
+                # nothing while it is being filled
+                await asyncio.sleep(0)
         return entry.future
 
     @property
