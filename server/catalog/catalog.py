@@ -10,6 +10,8 @@ catalog; it is persisted as JSON in the data directory.
 
 from __future__ import annotations
 
+import functools
+import graphlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -18,6 +20,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+import sqlglot
+from sqlglot import exp
 
 from streamtx.errors import InvalidArgument
 from streamtx.files import atomic_write
@@ -277,6 +281,8 @@ class Catalog:
             users += [f"trigger {t.name}" for t in self.triggers.values() if t.target == name]
         elif kind == "procedure":
             users += [f"group {g.name}" for g in self.groups.values() if name in g.procedures]
+        elif kind == "table":
+            users += [f"table {t.name} (FOREIGN KEY)" for t in self.tables.values() if name in referenced_tables(t.sql)]
         if users:
             raise InvalidArgument(
                 f"deploy: {line}: cannot drop {kind} {name!r}: used by {', '.join(users)}; drop those first"
@@ -630,7 +636,7 @@ def create_statements(cat: Catalog) -> list[PhysicalStatement]:
         PhysicalStatement("system", f"CREATE SCHEMA IF NOT EXISTS {WINDOW_SCHEMA}"),
         PhysicalStatement("system", f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}"),
     ]
-    for name in sorted(cat.tables):
+    for name in table_order(cat.tables):
         out += _create_object(cat, "table", name)
     for name in sorted(cat.streams):
         out += _create_object(cat, "stream", name)
@@ -639,6 +645,36 @@ def create_statements(cat: Catalog) -> list[PhysicalStatement]:
     for name in sorted(cat.indexes):
         out += _create_object(cat, "index", name)
     return out
+
+
+@functools.lru_cache(maxsize=1024)
+def referenced_tables(table_sql: str) -> frozenset[str]:
+    """Tables a CREATE TABLE's FOREIGN KEYs point at (catalog spelling: unquoted names lower-cased)."""
+    try:
+        tree = sqlglot.parse_one(table_sql, read="duckdb")
+    except sqlglot.errors.ParseError:
+        return frozenset()  # DuckDB itself reports the statement when the schema is built
+    names = set()
+    for ref in tree.find_all(exp.Reference):
+        table = ref.find(exp.Table)
+        if table is not None and isinstance(table.this, exp.Identifier):
+            names.add(table.name if table.this.quoted else table.name.lower())
+    return frozenset(names)
+
+
+def table_order(tables: dict[str, TableDef]) -> list[str]:
+    """Table names with every FOREIGN KEY's target before the table holding it, else by name.
+
+    DuckDB creates a referencing table only after its target and drops it only
+    before; creates follow this order, drops the reverse.
+    """
+    sorter: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
+    for name in sorted(tables):
+        sorter.add(name, *sorted(referenced_tables(tables[name].sql) & tables.keys() - {name}))
+    try:
+        return list(sorter.static_order())
+    except graphlib.CycleError as e:
+        raise InvalidArgument(f"deploy: tables {', '.join(sorted(set(e.args[1])))} reference each other") from None
 
 
 def _create_object(cat: Catalog, kind: str, name: str) -> list[PhysicalStatement]:
@@ -717,15 +753,18 @@ def physical_diff(old: Catalog, new: Catalog, dropped: set[tuple[str, str]] = fr
     def changed(kind: str, name: str, before: dict, after: dict) -> bool:
         return (kind, name) in dropped or asdict(after[name]) != asdict(before[name])
 
+    def order(cat: Catalog, kind: str) -> list[str]:
+        return table_order(cat.tables) if kind == "table" else sorted(cat._objects(kind))
+
     out: list[str] = []
     for kind in PHYSICAL_KINDS:
         before, after = old._objects(kind), new._objects(kind)
-        for name in sorted(before):
+        for name in reversed(order(old, kind)):
             if name not in after or changed(kind, name, before, after):
                 out += _drop_object(old, kind, name)
     for kind in reversed(PHYSICAL_KINDS):
         before, after = old._objects(kind), new._objects(kind)
-        for name in sorted(after):
+        for name in order(new, kind):
             if name not in before or changed(kind, name, before, after):
                 out += [s.sql for s in _create_object(new, kind, name)]
     return out
