@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamtx.client import Client
-from streamtx.procedures.examples.counters import EVENTS
+from streamtx.procedures.examples.counters import EVENTS, reference_add
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.front.gate import Gate
 from streamtx.server.partitioning import PartitionMap
@@ -169,12 +169,7 @@ def model(batches: list[list[Row]]) -> tuple[list[str], dict[int, int], list[tup
         out = []
         for event_id, key, delta, limit, mirror in batch:
             assert delta is not None
-            ok = after.get(key, 0) + delta <= limit
-            if ok:
-                after[key] = after.get(key, 0) + delta
-                if mirror is not None:
-                    after[mirror] = after.get(mirror, 0) + delta
-            out.append((event_id, ok))
+            out.append((event_id, reference_add(after, key, delta, limit, mirror)))
         if any(after[k] >= CEILING for k in after if after[k] != counters.get(k)):
             outcomes.append("rejected")  # the write-back breaks the CHECK: the TE aborts
             continue

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtx.client import Client
+from streamtx.procedures.examples.counters import reference_add
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.statetx import Event, WorkingSet, apply_event
 
@@ -41,12 +42,7 @@ def model(events: list[dict]) -> tuple[dict[int, int], list[tuple[int, bool]], l
     counters: dict[int, int] = {}
     results, totals = [], []
     for e in events:
-        n = counters.get(e["key"], 0) + e["delta"]
-        ok = n <= e["limit"]
-        if ok:
-            counters[e["key"]] = n
-            if e["mirror"] is not None:
-                counters[e["mirror"]] = counters.get(e["mirror"], 0) + e["delta"]
+        ok = reference_add(counters, e["key"], e["delta"], e["limit"], e["mirror"])
         results.append((e["event_id"], ok))
         totals.append(sum(counters.values()))
     return counters, results, totals

@@ -17,7 +17,7 @@ import pytest
 
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument
-from streamtx.procedures.examples.counters import EVENTS
+from streamtx.procedures.examples.counters import EVENTS, reference_add
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.partitioning import PartitionMap
 
@@ -66,9 +66,7 @@ def events(rows: list[tuple[int, int, int, int | None]]) -> pa.Table:
 def model(rows: list[tuple[int, int, int, int | None]]) -> dict[int, int]:
     counters: dict[int, int] = {}
     for _, key, delta, mirror in rows:
-        counters[key] = counters.get(key, 0) + delta
-        if mirror is not None:
-            counters[mirror] = counters.get(mirror, 0) + delta
+        assert reference_add(counters, key, delta, 10**9, mirror)
     return counters
 
 

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from streamtx.procedures.examples.counters import reference_add
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -219,13 +220,8 @@ def model(events: list[dict], batch: int, audited: bool, narrow: bool) -> tuple[
         after = dict(counters)
         rejected, part = [], []
         for e in events[start : start + batch]:
-            n = after.get(e["key"], 0) + e["delta"]
-            ok = n <= e["limit"]
-            if ok:
-                after[e["key"]] = n
-                if e["mirror"] is not None:
-                    after[e["mirror"]] = after.get(e["mirror"], 0) + e["delta"]
-            else:
+            ok = reference_add(after, e["key"], e["delta"], e["limit"], e["mirror"])
+            if not ok:
                 rejected.append(e["event_id"])
             part.append((e["event_id"], ok))
         if narrow and any(v > NARROW for v in after.values()):

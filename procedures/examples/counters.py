@@ -22,6 +22,17 @@ EVENTS = pa.schema(
 """The events the procedures read (stream `counter_events` in the tests' DDL)."""
 
 
+def reference_add(counters: dict[int, int], key: int, delta: int, limit: int, mirror: int | None) -> bool:
+    """One event of `bounded_add` in plain Python, the tests' sequential reference: adds `delta` to `key`
+    (and to `mirror`) unless `key` would pass `limit`, and says whether it did."""
+    if counters.get(key, 0) + delta > limit:
+        return False
+    counters[key] = counters.get(key, 0) + delta
+    if mirror is not None:
+        counters[mirror] = counters.get(mirror, 0) + delta
+    return True
+
+
 class BoundedAdd(StateProcedure):
     emits = ("counter_results",)
 
