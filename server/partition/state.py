@@ -51,6 +51,8 @@ _INT_RANGES = {
     pa.uint64(): (0, 2**63 - 1),  # what inference reads as int64: larger ints take the general path
 }
 _PY_TYPES = {pa.string(): str, pa.large_string(): str, pa.bool_(): bool, pa.float64(): float}
+_Kind = tuple[type, int | None, int | None]
+"""A column's exact Python type and, for integers, its range."""
 
 CACHED_ROWS = 100_000  # rows of one table the working set keeps across intervals
 SMALL = 4  # rows (or keys) few enough for one parameterized statement each, rather than a registered relation
@@ -74,7 +76,7 @@ class RowShape:
     procedure emits (and every error) still takes the general path.
     """
 
-    def __init__(self, schema: pa.Schema, checks: list[tuple[type, int | None, int | None]]) -> None:
+    def __init__(self, schema: pa.Schema, checks: list[_Kind]) -> None:
         self.schema = schema
         self.names = tuple(schema.names)
         self.stored_schema = schema.append(pa.field("batch_id", pa.int64()))
@@ -90,16 +92,8 @@ class RowShape:
     @classmethod
     def of(cls, schema: pa.Schema) -> RowShape | None:
         """The shape of `schema`, or None if a column's type has no exact Python counterpart here."""
-        checks: list[tuple[type, int | None, int | None]] = []
-        for field in schema:
-            bounds = _INT_RANGES.get(field.type)
-            if bounds is not None:
-                checks.append((int, *bounds))
-            elif field.type in _PY_TYPES:
-                checks.append((_PY_TYPES[field.type], None, None))
-            else:
-                return None
-        if not checks or len(set(schema.names)) < len(schema.names):
+        checks = [_kind_of(field.type) for field in schema]
+        if not checks or None in checks or len(set(schema.names)) < len(schema.names):
             return None
         return cls(schema, checks)
 
@@ -111,14 +105,8 @@ class RowShape:
             if type(row) is not dict or row.keys() != keys:
                 return None
             values = get(row)
-            for v, (kind, lo, hi) in zip(values, checks, strict=True):
-                if v is None:
-                    continue
-                if type(v) is not kind:
-                    return None
-                if lo is not None and not lo <= v <= hi:
-                    return None
-                if kind is str and not v.isascii() and not _encodable(v):
+            for v, kind in zip(values, checks, strict=True):
+                if v is not None and not _fits(v, kind):
                     return None
             out.append(values)
         return out
@@ -176,22 +164,17 @@ def _encodable(text: str) -> bool:
     return True
 
 
-_DUCK_SCALARS: dict[str, tuple[type, int | None, int | None]] = {
-    "TINYINT": (int, -(2**7), 2**7 - 1),
-    "SMALLINT": (int, -(2**15), 2**15 - 1),
-    "INTEGER": (int, -(2**31), 2**31 - 1),
-    "BIGINT": (int, -(2**63), 2**63 - 1),
-    "UTINYINT": (int, 0, 2**8 - 1),
-    "USMALLINT": (int, 0, 2**16 - 1),
-    "UINTEGER": (int, 0, 2**32 - 1),
-    "VARCHAR": (str, None, None),
-    "BOOLEAN": (bool, None, None),
-    "DOUBLE": (float, None, None),
-}
-_Kind = tuple[type, int | None, int | None]
+def _kind_of(arrow_type: pa.DataType) -> _Kind | None:
+    """The exact Python type (and range) whose values an Arrow type stores unchanged; None if it has none here."""
+    bounds = _INT_RANGES.get(arrow_type)
+    if bounds is not None:
+        return (int, *bounds)
+    cls = _PY_TYPES.get(arrow_type)
+    return None if cls is None else (cls, None, None)
 
 
 def _fits(v: Any, kind: _Kind) -> bool:
+    """A value (not None) is exactly of the kind's Python type, in its range; a str Arrow can encode."""
     cls, lo, hi = kind
     if type(v) is not cls:
         return False
@@ -216,15 +199,15 @@ class TableCheck:
         self.columns = columns  # (name, kind, is a list, nullable)
 
     @classmethod
-    def of(cls, pk: str, described: list[tuple[str, str, bool]]) -> TableCheck | None:
-        """From (column, DuckDB type, nullable) triples; None if some column has no exact check."""
+    def of(cls, pk: str, schema: pa.Schema, not_null: set[str]) -> TableCheck | None:
+        """From the table's Arrow schema and its NOT NULL columns; None if some column has no exact check."""
         columns = []
-        for name, duck_type, nullable in described:
-            listed = duck_type.endswith("[]")
-            kind = _DUCK_SCALARS.get(duck_type[:-2] if listed else duck_type)
+        for field in schema:
+            listed = pa.types.is_list(field.type)
+            kind = _kind_of(field.type.value_type if listed else field.type)
             if kind is None:
                 return None
-            columns.append((name, kind, listed, nullable))
+            columns.append((field.name, kind, listed, field.name not in not_null))
         return cls(pk, columns)
 
     def fits(self, key: Any, row: Row | None) -> bool:
@@ -316,17 +299,21 @@ class StateStore:
             for t in (t, referenced)
             if t is not None
         }
-        described: dict[str, list[tuple[str, str, bool]]] = {}
-        for t, name, duck_type, nullable, generated in con.execute(
-            "SELECT table_name, column_name, data_type, is_nullable, is_generated FROM duckdb_columns() "
-            "WHERE schema_name = 'main' AND NOT internal ORDER BY table_name, column_index"
+        not_null: dict[str, set[str]] = {}
+        for t, name, nullable, generated in con.execute(
+            "SELECT table_name, column_name, is_nullable, is_generated FROM duckdb_columns() "
+            "WHERE schema_name = 'main' AND NOT internal"
         ).fetchall():
             if generated:
                 constrained.add(t)
-            described.setdefault(t, []).append((name, duck_type, nullable))
+            if not nullable:
+                not_null.setdefault(t, set()).add(name)
         self.checks = {}
         for t, pk in self.keys.items():
-            check = TableCheck.of(pk, described.get(t, [])) if t not in constrained and t in self.columns else None
+            if t in constrained or t not in self.columns:
+                continue
+            schema = con.sql(f"SELECT * FROM {quote(t)} LIMIT 0").to_arrow_table().schema
+            check = TableCheck.of(pk, schema, not_null.get(t, set()))
             if check is not None:
                 self.checks[t] = check
         self._shapes = {}
