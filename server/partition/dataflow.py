@@ -156,11 +156,7 @@ class Dataflow:
                 taken[key] = (p.batch_id, p.ts)
                 runs.append((i, run))
             eng.state.add_marks(taken)
-            if eng.executor == "opchain":
-                eng.state.end_interval()  # what certainly fits waits in the working set (partition/state.py)
-            else:
-                eng.state.flush()
-            eng.commit()
+            eng.commit(hold_back=eng.executor == "opchain")  # what certainly fits waits (partition/state.py)
         except (StreamTxError, duckdb.Error):  # an abort, or rows a constraint refuses at the write-back
             self._rollback(saved)
             if len(pushes) == 1:
@@ -208,7 +204,6 @@ class Dataflow:
         eng.begin()
         try:
             run.execute_fast()
-            eng.state.flush()
             eng.commit()
         except StreamTxError:
             self._rollback(saved)
@@ -348,7 +343,6 @@ class Dataflow:
         eng = self.engine
         if mark is not None:
             eng.record_mark(mark[0], mark[1], mark[2], ts)
-        eng.state.flush()
         eng.commit()
         if mark is not None:
             eng.marks[(mark[0], mark[1])] = mark[2]
@@ -420,7 +414,6 @@ class Dataflow:
         self.engine.begin()
         try:
             self._span(span)
-            self.engine.state.flush()
             self.engine.commit()
         except BaseException:
             self._rollback(saved)
@@ -657,7 +650,6 @@ class _Run:
                 self._abort(te, e)
                 continue
             if self._group is None:
-                self.eng.state.flush()
                 self.eng.commit()
             else:
                 self._group_tes.append(te)
@@ -704,7 +696,6 @@ class _Run:
         self._group_stored = set()
 
     def _commit(self) -> None:
-        self.eng.state.flush()
         self.eng.commit()
         self.stored |= self._group_stored
         self._group = None

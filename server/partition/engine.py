@@ -207,7 +207,16 @@ class Engine:
         self.con.execute("BEGIN")
         self.state.begin()
 
-    def commit(self) -> None:
+    def commit(self, hold_back: bool = False) -> None:
+        """Commits the open transaction with everything the working set holds written first.
+
+        `hold_back` (an opchain interval): only what might not fit is written;
+        the rest waits in the working set (`StateStore.end_interval`).
+        """
+        if hold_back:
+            self.state.end_interval()
+        else:
+            self.state.flush()
         self.con.execute("COMMIT")
         self.state.committed()
 
@@ -224,7 +233,6 @@ class Engine:
         self.begin()
         self.record_mark(producer, stream, batch_id, ts)
         self.write_rejection(producer, stream, batch_id, ts, code, reason)
-        self.state.flush()
         self.commit()
         self.marks[(producer, stream)] = batch_id
 
