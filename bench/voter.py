@@ -162,9 +162,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     for cfg in configs:
         key = str(cfg.batch_size) if cfg.executor is None else cfg.server
         slices[key] = cfg.batches * cfg.batch_size
-    warmups = {f"state-{e}": (QUICK_STATE_WARMUP if args.quick else STATE_WARMUP)[e] for e in STATE_EXECUTORS}
-    if not args.state:
-        warmups = {}
+    warmup = QUICK_STATE_WARMUP if args.quick else STATE_WARMUP
+    warmups = {f"state-{e}": warmup[e] for e in STATE_EXECUTORS} if args.state else {}
     total_votes = sum(slices.values()) * args.rounds + sum(warmups.values())
     votes = generate_votes(total_votes, seed=11, phones=max(10_000, total_votes // 2))
     offsets: dict[tuple[str, int], int] = {}
@@ -222,7 +221,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 c.deploy(deploy_script(config, "state" if name.startswith("state-") else name))
                 c.call("setup", **setup_params(config))
         for cfg in configs:  # untimed: code paths, caches and the working set warm, as in a long-running server
-            n = warmups.get(cfg.server, 0) if cfg.mode == "state" else 0
+            n = warmups.get(cfg.server, 0)
             if n:
                 start = offsets[(cfg.server, -1)]
                 warm = [votes.slice(start + i, 1) for i in range(n)]
