@@ -238,13 +238,7 @@ class WorkingSet:
         """Back to the state at `begin`: rows and dirty keys. Known-missing keys are forgotten (DuckDB rolled back)."""
         if self.undo is None or self._begun is None:
             return
-        for have, key, old, joined in reversed(self.undo):
-            if old is UNHELD:
-                have.pop(key, None)
-            else:
-                have[key] = old
-            if joined is not None:
-                joined.discard(key)
+        _take_back(self.undo)
         self.rows, self.dirty = self._begun
         self.absent = {}
         self.epoch += 1
@@ -286,10 +280,7 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
             written.add(key)
             values.append(new)
     except Exception as e:
-        for have, key, old, undirty in reversed(undo):
-            have[key] = old
-            if undirty is not None:
-                undirty.discard(key)
+        _take_back(undo)
         event.rejected = True
         event.reason = e.message if isinstance(e, Aborted) else f"{type(e).__name__}: {e}"
         event.values = []
@@ -297,3 +288,14 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
     event.values = values
     if ws.undo is not None:
         ws.undo += undo
+
+
+def _take_back(undo: list[Undo]) -> None:
+    """Undoes writes, newest first: each row as it was (gone, if it was not held) and the dirty marks added."""
+    for have, key, old, joined in reversed(undo):
+        if old is UNHELD:
+            have.pop(key, None)
+        else:
+            have[key] = old
+        if joined is not None:
+            joined.discard(key)
