@@ -232,6 +232,16 @@ def test_procedure_python_form():
     assert "unexpected" in error("create procedure p as python 'm:f' extra").message
 
 
+def test_procedure_for_each_row():
+    stmt = one("CREATE PROCEDURE vote ON STREAM votes_in FOR EACH ROW AS PYTHON 'voter.state:vote';")
+    assert isinstance(stmt, CreateProcedure) and stmt.each_row and stmt.on_stream == "votes_in"
+    assert one("create procedure v for each row on stream s as begin select 1; end").each_row
+    assert not one("create procedure v on stream s as begin select 1; end").each_row
+    assert "FOR EACH ROW needs ON STREAM" in error("create procedure p for each row as begin select 1; end").message
+    assert "FOR EACH ROW is given twice" in error("create procedure p on stream s for each row for each row as").message
+    assert "expected EACH after FOR" in error("create procedure p on stream s for row as begin select 1; end").message
+
+
 def test_procedure_errors():
     err = error("create table t (a int);\n\nCREATE PROCEDURE vote AS BEGIN\n select 1;\n")
     assert str(err) == "line 3: CREATE PROCEDURE vote: missing END for BEGIN at line 3"

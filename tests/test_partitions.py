@@ -232,6 +232,24 @@ def test_deploy_refuses_partitioned_code_on_single_or_written_replicated_tables(
         )
 
 
+def test_deploy_refuses_a_statement_on_every_partition_that_reads_a_single_table(bank):
+    """Elsewhere than partition 0 it would read `audit` empty and close another account: a decision taken once
+    must reach the partitions as data (the voter's deletion at P = 2 went wrong this way)."""
+    c, _ = bank
+    before = c.status()["procedures"]
+    with pytest.raises(InvalidArgument) as e:
+        c.deploy(
+            "CREATE PROCEDURE close_busiest () AS BEGIN"
+            "    DELETE FROM balances WHERE account = (SELECT account FROM audit ORDER BY amount DESC LIMIT 1);"
+            "END;"
+        )
+    message = str(e.value)
+    assert "statement 1 of procedure 'close_busiest' runs on every partition (it touches balances)" in message
+    assert "reads table 'audit', which only the home partition holds" in message
+    assert "declare 'audit' REPLICATED" in message
+    assert c.status()["procedures"] == before
+
+
 def test_a_keyed_procedure_may_not_emit_keys_of_another_partition_locally(cluster):
     srv, partitions = cluster
     with Client(srv.target) as c:

@@ -80,6 +80,8 @@ class ProcedureDef:
     python: str | None = None
     key_columns: list[str] = field(default_factory=list)
     """A state procedure's `PARTITION ON (columns)`: the event columns holding its keys (catalog/eventkeys.py)."""
+    each_row: bool = False
+    """`FOR EACH ROW`: one TE per input tuple, in batch order, each followed by every TE it triggers."""
 
 
 @dataclass
@@ -350,6 +352,11 @@ class Catalog:
                         f"deploy: procedure {p!r} is in two transaction groups: {owner[p]}, {group.name}"
                     )
                 owner[p] = group.name
+                if self.procedures[p].each_row:
+                    raise InvalidArgument(
+                        f"deploy: procedure {p!r} is FOR EACH ROW, so it cannot be in transaction group "
+                        f"{group.name!r}: each of its TEs takes one tuple; group the procedures downstream of it"
+                    )
         feeds: dict[str, set[str]] = {p: set() for p in self.procedures}
         for p in self.procedures:
             for stream in self.emitted_by(p):
@@ -384,6 +391,23 @@ class Catalog:
                     out.add(s)
                     todo.append(s)
         return out
+
+    def reaches_each_row(self, streams: list[str]) -> bool:
+        """Whether tuples on `streams` can reach a FOR EACH ROW procedure (then a command runs tuple by tuple)."""
+        seen = set(streams)
+        todo = list(streams)
+        while todo:
+            stream = todo.pop()
+            if any(self.procedures[p].each_row for p in self.consumers.get(stream, [])):
+                return True
+            triggers = self.triggers_on("stream", stream)
+            for w in self.windows.values():
+                triggers += self.triggers_on("window", w.name) if w.stream == stream else []
+            out = {s for t in triggers for s in self.trigger_plans[t].emits}
+            out |= {s for p in self.consumers.get(stream, []) for s in self.emitted_by(p)}
+            todo += sorted(out - seen)
+            seen |= out
+        return False
 
     def scratch_database(self) -> duckdb.DuckDBPyConnection:
         """An empty in-memory database with this catalog's physical schema."""
@@ -794,6 +818,7 @@ def _definition(st: ddl.Statement) -> tuple[str, Any, bool, bool]:
             body_lines=list(st.body_lines),
             python=st.python,
             key_columns=[st.partition_on] if keyed_stream else list(st.partition_on_columns),
+            each_row=st.each_row,
         )
         return "procedure", proc, st.or_replace, False
     if isinstance(st, ddl.CreateTrigger):

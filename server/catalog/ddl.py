@@ -92,6 +92,8 @@ class CreateProcedure:
     body_lines: tuple[int, ...]
     partition_on_columns: tuple[str, ...] = ()
     """`PARTITION ON (a, b, ...)`: the event columns holding a state procedure's keys (ON STREAM only)."""
+    each_row: bool = False
+    """`FOR EACH ROW`: a TE per tuple of the input batch, each followed by the TEs it triggers (ON STREAM only)."""
 
 
 @dataclass(frozen=True)
@@ -721,6 +723,7 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
         params = _typed_names(c, inner, "parameter", rule, close)
     on_stream = partition_on = None
     columns: tuple[str, ...] = ()
+    each_row = False
     while True:
         if c.at("ON"):
             if on_stream is not None:
@@ -737,8 +740,17 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
                 columns = _name_list(c, "PARTITION ON")
             else:
                 partition_on = c.name("a parameter name after PARTITION ON")
+        elif c.at("FOR"):
+            if each_row:
+                c.fail("FOR EACH ROW is given twice")
+            c.pos += 1
+            c.expect("EACH", after=" after FOR")
+            c.expect("ROW", after=" after FOR EACH")
+            each_row = True
         else:
             break
+    if each_row and on_stream is None:
+        c.fail("FOR EACH ROW needs ON STREAM: an OLTP procedure has no input rows")
     if columns and on_stream is None:
         if len(columns) > 1:
             c.fail(f"an OLTP procedure is PARTITION ON one parameter, not {len(columns)}")
@@ -759,7 +771,9 @@ def _parse_procedure(c: _Cursor, or_replace: bool) -> CreateProcedure:
         body, lines = _body(c)
     c.finish()
     ps = tuple(Param(n, t) for n, t in params)
-    return CreateProcedure(name, ps, on_stream, partition_on, body, python, or_replace, c.line, lines, columns)
+    return CreateProcedure(
+        name, ps, on_stream, partition_on, body, python, or_replace, c.line, lines, columns, each_row
+    )
 
 
 def _name_list(c: _Cursor, after: str) -> tuple[str, ...]:

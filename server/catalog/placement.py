@@ -180,6 +180,7 @@ def derive(cat: Catalog) -> Placement:
                 pl.home_only[unit] = frozenset(
                     i for i, a in enumerate(stmt_access.get(unit, [])) if not _spans(a, pl.tables)
                 )
+                _check_spanning_reads(proc.name, unit, stmt_access.get(unit, []), pl.tables)
                 plan = cat.plans.get(unit) or cat.trigger_plans[unit.split(" ", 1)[1]]
                 rewrites = {}
                 for i, compiled in enumerate(plan.statements):
@@ -253,6 +254,26 @@ def owned_insert(sql: str, cat: Catalog) -> str | None:
     mine = f"{owner_filter(cat.table_key_types[table.name])}({key})"
     tree.set("expression", exp.select("*").from_(rows).where(mine))
     return tree.sql(dialect="duckdb")
+
+
+def _check_spanning_reads(proc: str, unit: str, accesses: list[Access], tables: dict[str, str]) -> None:
+    """A statement that runs on every partition may not read a single table: only home holds its rows.
+
+    Elsewhere it would read an empty table and decide differently (e.g. pick
+    another row to delete). A value decided once must reach the partitions as
+    data: emitted on the stream the procedure consumes, or kept REPLICATED.
+    """
+    for i, a in enumerate(accesses, start=1):
+        single = sorted(t for t in a.reads if tables[t] == SINGLE)
+        if _spans(a, tables) and single:
+            where = f"procedure {proc!r}" if unit == proc else f"{unit!r} (fired by procedure {proc!r})"
+            touched = sorted(t for t in a.reads | a.writes if tables[t] != SINGLE)
+            raise InvalidArgument(
+                f"deploy: statement {i} of {where} runs on every partition (it touches {', '.join(touched)}), "
+                f"but reads table {single[0]!r}, which only the home partition holds, so other partitions "
+                f"would read it empty; compute what it decides upstream and pass it on the input stream, or "
+                f"declare {single[0]!r} REPLICATED"
+            )
 
 
 def _spans(a: Access, tables: dict[str, str]) -> bool:

@@ -12,12 +12,20 @@ the transaction open, and the gate keeps everything else away meanwhile).
 Output tuples come back here and are routed to the consumers' partitions,
 so the TEs of batch b downstream start only after all of b's upstream
 fragments committed. Outcomes are the ones one partition would give.
+
+A command that reaches a FOR EACH ROW procedure runs its TEs tuple by tuple,
+depth first, as a partition does (partition/dataflow.py `_Run`), and keeps
+one transaction open on every partition it touches until its end (one
+two-phase commit): the batch is atomic, and the TE of its 5th tuple may
+abort after the 4th tuple's committed nothing yet. An interior TE that
+aborts is undone as the partition's isolated path undoes it: everything is
+rolled back and the command runs again without it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -43,6 +51,10 @@ class Unit:
     origin_group: str | None = None
 
 
+_Key = tuple[tuple[int, ...], tuple[str, ...], bool]
+"""A unit of a command: (its FOR EACH ROW tuple positions, procedures, entry)."""
+
+
 @dataclass
 class _State:
     outcome: dict[str, Any]
@@ -52,6 +64,20 @@ class _State:
     group_mark: list[Any] | None = None
     emitted: set[str] = field(default_factory=set)
     results: list[pa.Table] = field(default_factory=list)
+    one_transaction: bool = False
+    """The command reaches a FOR EACH ROW procedure: nothing commits before its end."""
+    skip: dict[_Key, str | None] = field(default_factory=dict)  # units an earlier attempt saw abort
+    rows: tuple[int, ...] = ()  # the tuple positions of the FOR EACH ROW units running
+    parts: set[int] = field(default_factory=set)  # partitions holding the open transaction (one_transaction)
+    instance: list[tuple[_Key, Unit]] = field(default_factory=list)  # the open group's units (one_transaction)
+    stopped: bool = False  # a duplicate, a rejection or a failed call ended the command
+
+
+class _Rerun(Exception):
+    """An interior unit of a one-transaction command aborted: run the command again without it."""
+
+    def __init__(self, skip: dict[_Key, str | None]) -> None:
+        self.skip = skip
 
 
 class Coordinator:
@@ -64,9 +90,10 @@ class Coordinator:
         consumers = cat.consumers.get(stream, [])
         groups = {g for g in map(cat.group_of, consumers) if g is not None}
         entry = Unit(list(consumers), stream, table, entry=True, group=groups.pop() if groups else None)
-        st = _State(_outcome("committed", ts))
         push = {"producer": producer, "stream": stream, "batch_id": batch_id}
-        await self._execute(st, [entry], ts, push=push, mark=[producer, stream, batch_id])
+        mark = [producer, stream, batch_id]
+        one = cat.reaches_each_row([stream])
+        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, push, None, mark))
         self.front.counters[st.outcome["outcome"]] += 1
         self.front.counters["coordinated"] += 1
         for s in st.emitted:
@@ -74,9 +101,10 @@ class Coordinator:
         return st.outcome
 
     async def call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[dict[str, Any], list[pa.Table]]:
-        unit = Unit([procedure], None, None, group=self.front.catalog.group_of(procedure))
-        st = _State(_outcome("committed", ts))
-        await self._execute(st, [unit], ts, params=params)
+        cat = self.front.catalog
+        unit = Unit([procedure], None, None, group=cat.group_of(procedure))
+        one = cat.reaches_each_row(sorted(cat.emitted_by(procedure)))
+        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params, None))
         if "error" in st.outcome:
             code, reason = st.outcome["error"]
             raise error_for(code, reason)
@@ -86,6 +114,18 @@ class Coordinator:
         return st.outcome, st.results
 
     # ----------------------------------------------------------- execution
+    async def _attempts(self, one_transaction: bool, execute: Any) -> _State:
+        """Runs the command, again without each interior unit that aborted (one-transaction commands)."""
+        skip: dict[_Key, str | None] = {}
+        while True:
+            st = _State(_outcome("committed", 0), one_transaction=one_transaction, skip=skip)
+            try:
+                await execute(st)
+            except _Rerun as again:
+                skip = {**skip, **again.skip}
+                continue
+            return st
+
     async def _execute(
         self,
         st: _State,
@@ -95,8 +135,11 @@ class Coordinator:
         params: dict[str, Any] | None = None,
         mark: list[Any] | None = None,
     ) -> None:
+        st.outcome["ts"] = ts
         try:
             await self._run_units(st, pending, ts, push, params, mark)
+        except _Rerun:
+            raise  # every partition undid its part already
         except BaseException:
             await self.undo_everywhere(ts)
             raise
@@ -121,44 +164,138 @@ class Coordinator:
         mark: list[Any] | None,
     ) -> None:
         st.pending = pending
-        while st.pending:
-            unit = self._next(st)
-            if st.group is not None and unit.group != st.group:
-                await self.decide(st.group_parts, True, ts, st.group_mark)
-                st.group, st.group_parts, st.group_mark = None, set(), None
-            fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
-            keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
-            if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
-                assert unit.rows is not None and len(unit.procedures) == 1
-                await exchange.attach_rows(self.front, keyed[0], unit.rows, ts, fragments)
-            unit_mark = mark if unit.entry else None
-            alone = len(fragments) == 1 and unit.group is None and st.group is None
-            if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
-                header = next(iter(fragments.values()))[0]
-                header["autocommit"] = {"mark": unit_mark}
-            replies = await asyncio.gather(*(self.front.partitions[p].request(h, t) for p, (h, t) in fragments.items()))
-            parts = set(fragments)
-            if unit.entry and push is not None and any("duplicate" in r[0] for r in replies):
-                await self.decide(parts | st.group_parts, False, ts)
-                st.outcome = _duplicate([r[0]["duplicate"] for r in replies if "duplicate" in r[0]])
-                return
-            aborted = [r[0] for r in replies if r[0].get("aborted")]
-            if aborted:
-                first = aborted[0]
-                await self._abort(st, unit, parts, ts, first["code"], first["reason"], push)
-                if unit.entry or unit.stream is None:
-                    return
-                continue
-            if unit.group is not None:
-                st.group = unit.group
-                st.group_parts |= parts
-                st.group_mark = st.group_mark or unit_mark
-            elif not alone:
-                await self.decide(parts, True, ts, unit_mark)
-            self._collect(st, unit, replies)
+        await self._drain(st, ts, push, params, mark)
+        if st.stopped:
+            return
         if st.group is not None:
             await self.decide(st.group_parts, True, ts, st.group_mark)
             st.group = None
+        if st.one_transaction and st.parts:
+            await self.decide(st.parts, True, ts, mark if push is not None else None)
+
+    async def _drain(
+        self,
+        st: _State,
+        ts: int,
+        push: dict[str, Any] | None,
+        params: dict[str, Any] | None,
+        mark: list[Any] | None,
+    ) -> None:
+        """Runs the ready units; a FOR EACH ROW unit once per tuple, with what it triggers before the next."""
+        while st.pending and not st.stopped:
+            unit = self._next(st)
+            rows = self._each_row(unit)
+            if rows is None:
+                await self._unit(st, unit, ts, push, params, mark)
+                continue
+            outer = st.pending, st.rows
+            for i, row in enumerate(rows):
+                st.pending, st.rows = [replace(unit, rows=row)], (*outer[1], i)
+                await self._drain(st, ts, push, params, mark)
+                if st.stopped:
+                    return
+            st.pending, st.rows = outer
+
+    def _each_row(self, unit: Unit) -> list[pa.Table] | None:
+        """The tuples a FOR EACH ROW unit takes one at a time (None: it takes its batch at once)."""
+        if unit.rows is None or unit.rows.num_rows < 2:
+            return None
+        procs = self.front.catalog.procedures
+        if not any(procs[p].each_row for p in unit.procedures):
+            return None
+        return [unit.rows.slice(i, 1) for i in range(unit.rows.num_rows)]
+
+    async def _unit(
+        self,
+        st: _State,
+        unit: Unit,
+        ts: int,
+        push: dict[str, Any] | None,
+        params: dict[str, Any] | None,
+        mark: list[Any] | None,
+    ) -> None:
+        key = (st.rows, tuple(unit.procedures), unit.entry)
+        if st.one_transaction:
+            if unit.group is None or unit.group != st.group:
+                st.instance = []
+            st.group = unit.group
+            if key in st.skip:
+                report = st.skip[key]
+                if report is not None:
+                    self.front.counters["tes_aborted"] += 1
+                    st.outcome["aborted_tes"].append(report)
+                return
+            st.instance.append((key, unit))
+        elif st.group is not None and unit.group != st.group:
+            await self.decide(st.group_parts, True, ts, st.group_mark)
+            st.group, st.group_parts, st.group_mark = None, set(), None
+        fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
+        keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
+        if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
+            assert unit.rows is not None and len(unit.procedures) == 1
+            await exchange.attach_rows(self.front, keyed[0], unit.rows, ts, fragments)
+        unit_mark = mark if unit.entry else None
+        alone = len(fragments) == 1 and unit.group is None and st.group is None and not st.one_transaction
+        if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
+            header = next(iter(fragments.values()))[0]
+            header["autocommit"] = {"mark": unit_mark}
+        replies = await asyncio.gather(*(self.front.partitions[p].request(h, t) for p, (h, t) in fragments.items()))
+        parts = set(fragments)
+        if unit.entry and push is not None and any("duplicate" in r[0] for r in replies):
+            await self.decide(parts | st.group_parts | st.parts, False, ts)
+            st.outcome = _duplicate([r[0]["duplicate"] for r in replies if "duplicate" in r[0]])
+            st.stopped = True
+            return
+        aborted = [r[0] for r in replies if r[0].get("aborted")]
+        if aborted:
+            first = aborted[0]
+            if st.one_transaction:
+                await self._abort_one(st, unit, parts, ts, first["code"], first["reason"], push)
+                return
+            await self._abort(st, unit, parts, ts, first["code"], first["reason"], push)
+            if unit.entry or unit.stream is None:
+                st.stopped = True
+            return
+        if st.one_transaction:
+            st.parts |= parts
+        elif unit.group is not None:
+            st.group = unit.group
+            st.group_parts |= parts
+            st.group_mark = st.group_mark or unit_mark
+        elif not alone:
+            await self.decide(parts, True, ts, unit_mark)
+        self._collect(st, unit, replies)
+
+    async def _abort_one(
+        self,
+        st: _State,
+        unit: Unit,
+        parts: set[int],
+        ts: int,
+        code: int,
+        reason: str,
+        push: dict[str, Any] | None,
+    ) -> None:
+        """A unit of a one-transaction command aborted: undo everything; reject, fail the call, or run again."""
+        group = st.group
+        if group is not None:
+            reason = f"transaction group {group} undone: {reason}"
+        undone = [u for _, u in st.instance]
+        rejection = None
+        if any(u.entry for u in undone) and push is not None:
+            rejection = [push["producer"], push["stream"], push["batch_id"], code, reason]
+        await self.decide(parts | st.parts, False, ts, rejection=rejection)
+        st.stopped = True
+        if rejection is not None:
+            st.outcome = _outcome("rejected", ts, code, reason)
+            st.emitted = set()
+            return
+        if any(u.stream is None for u in undone):
+            st.outcome["error"] = (code, reason)
+            return
+        skip: dict[_Key, str | None] = {k: None for k, _ in st.instance}
+        skip[st.instance[0][0]] = f"{unit.procedures[0]}: {reason}"
+        raise _Rerun(skip)
 
     def _next(self, st: _State) -> Unit:
         """The ready unit to run next: a member of the open group first, else by topological rank."""

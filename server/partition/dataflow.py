@@ -13,14 +13,21 @@ thread means no other work can observe a TE before it ends, so the engine is
 free to commit several at once. The fast path runs a group of queued batches
 (and all the TEs they trigger) in one DuckDB transaction. If any TE in it
 aborts, the transaction is rolled back and each batch is run again alone,
-then, if it still aborts, in the isolated path: one DuckDB transaction per TE
-(or per transaction group, S-Store's nested transactions, whose TEs share
-one), where an aborted TE is undone, reported, and the dataflow goes on.
-Both paths reach exactly the state of running every TE alone, in order.
+in the isolated path (`Dataflow._execute`): the batch's TEs in one
+transaction again, and each time a TE aborts, everything is rolled back and
+the batch run anew without that TE (or its whole transaction group, S-Store's
+nested transactions) and so without what it would have triggered; the abort
+is reported and the dataflow goes on. Execution is deterministic, so both
+paths reach exactly the state of running every TE alone, in order.
+
+A FOR EACH ROW procedure takes its input one tuple at a time: each tuple's TE
+and every TE it triggers run before the next tuple's (`_Run.execute`), so a
+batch ends where its tuples pushed one by one would, and stays atomic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -114,7 +121,6 @@ class _TE:
     group: str | None
     border: bool = False  # the first entry TE: appends the batch, fires the stream's EE triggers
     entry: bool = False  # consumes the pushed batch: if it aborts, the batch is rejected
-    origin_group: str | None = None  # the open group whose TE emitted its input, if any
 
 
 class Dataflow:
@@ -152,7 +158,7 @@ class Dataflow:
                     continue
                 run = _Run(self, p.ts, {p.stream: p.batch})
                 run.start_push(p)
-                run.execute_fast()
+                run.execute()
                 taken[key] = (p.batch_id, p.ts)
                 runs.append((i, run))
             eng.state.add_marks(taken)
@@ -198,21 +204,11 @@ class Dataflow:
         if procedure not in eng.catalog.procedures:
             raise NotFound(f"unknown procedure {procedure!r}")
         eng.last_ts = max(eng.last_ts, ts)
-        saved = eng.windows.snapshot()
-        run = _Run(self, ts, {})
-        run.start_call(procedure, params)
-        eng.begin()
-        try:
-            run.execute_fast()
-            eng.commit()
-        except StreamTxError:
-            self._rollback(saved)
-            run = _Run(self, ts, {})
+
+        def start(run: _Run) -> None:
             run.start_call(procedure, params)
-            run.execute_isolated()
-        except BaseException:
-            self._rollback(saved)
-            raise
+
+        run = self._execute(ts, {}, start)
         if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
             raise run.call_error
@@ -438,7 +434,7 @@ class Dataflow:
                 run.values[p.stream] = (p.batch, values)
                 run.start_push(p)
                 try:
-                    run.execute_fast()
+                    run.execute()
                 except Unspannable:
                     raise
                 except StreamTxError as e:
@@ -472,9 +468,11 @@ class Dataflow:
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
         eng = self.engine
-        run = _Run(self, p.ts, {p.stream: p.batch})
-        run.start_push(p)
-        run.execute_isolated()
+
+        def start(run: _Run) -> None:
+            run.start_push(p)
+
+        run = self._execute(p.ts, {p.stream: p.batch}, start)
         keep: dict[str, list[int]] = {}
         out = run.finish(keep)
         self._keep(keep)
@@ -488,6 +486,41 @@ class Dataflow:
         eng.counters["committed"] += 1
         eng.counters["rows"] += p.batch.num_rows
         return out
+
+    def _execute(self, ts: int, inputs: dict[str, pa.Table], start: Callable[[_Run], None]) -> _Run:
+        """The isolated path: a command's TEs in one transaction, each aborted TE left out, as if undone alone.
+
+        DuckDB has no savepoints, so an aborted TE cannot be undone by itself:
+        the transaction is rolled back and the command run again from the
+        start without it (and without the rest of its transaction group).
+        Execution is deterministic, so every TE before it does exactly what it
+        did, and leaving out an aborted TE is undoing it. An entry TE that
+        aborts rejects the batch; a call's own TE that aborts fails the call.
+        """
+        eng = self.engine
+        skip: dict[_Key, str | None] = {}
+        while True:
+            run = _Run(self, ts, dict(inputs), skip=skip, isolated=True)
+            start(run)
+            saved = eng.windows.snapshot()
+            eng.begin()
+            try:
+                run.execute()
+                if run.push is not None:
+                    eng.record_mark(run.push.producer, run.push.stream, run.push.batch_id, ts)
+                eng.commit()
+                return run
+            except StreamTxError as e:
+                self._rollback(saved)
+                failure = run.failure
+                if failure is None:
+                    raise
+                if not run.undone(failure, e):
+                    return run
+                skip = {**skip, **failure.skips(e)}
+            except BaseException:
+                self._rollback(saved)
+                raise
 
     def _rollback(self, saved_windows: Any) -> None:
         eng = self.engine
@@ -509,7 +542,7 @@ class Dataflow:
             if p.stream not in consumers:
                 consumers[p.stream] = self._state_consumer(p.stream)
             consumer = consumers[p.stream]
-            if consumer is not None:
+            if consumer is not None and (p.batch.num_rows < 2 or not eng.catalog.procedures[consumer[0]].each_row):
                 taken.append((p, *consumer))
                 by_stream.setdefault(p.stream, []).append(p.batch)
         rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
@@ -564,10 +597,45 @@ class Dataflow:
             tx.run_plan(tx.statements_of(procedure))
 
 
-class _Run:
-    """The TEs one command causes, executed in a topological order of the graph."""
+_Key = tuple[tuple[int, ...], str | None, bool]
+"""A TE of a command: (its FOR EACH ROW tuple positions, procedure, border); a procedure runs once per tuple."""
 
-    def __init__(self, flow: Dataflow, ts: int, inputs: dict[str, pa.Table]) -> None:
+
+@dataclass
+class _Failure:
+    """Where a TE aborted: what to leave out when the command runs again (`Dataflow._execute`)."""
+
+    te: _TE
+    undone: list[tuple[_Key, _TE]]  # the TE and the earlier members of its open transaction group
+    group: str | None
+
+    def reason(self, error: StreamTxError) -> str:
+        return error.message if self.group is None else f"transaction group {self.group} undone: {error.message}"
+
+    def skips(self, error: StreamTxError) -> dict[_Key, str | None]:
+        """TEs to leave out, the first (the one an attempt reaches for sure) carrying the report of the abort."""
+        out: dict[_Key, str | None] = {key: None for key, _ in self.undone}
+        out[self.undone[0][0]] = f"{self.te.procedure}: {self.reason(error)}"
+        return out
+
+
+class _Run:
+    """The TEs one command causes, executed in a topological order of the graph.
+
+    A FOR EACH ROW procedure's TE runs once per tuple of its input batch, in
+    batch order, and every TE that tuple's TE triggers runs before the next
+    tuple's (depth first), so the outcome is that of the tuples arriving one
+    at a time; they all stay in the command's one transaction.
+    """
+
+    def __init__(
+        self,
+        flow: Dataflow,
+        ts: int,
+        inputs: dict[str, pa.Table],
+        skip: dict[_Key, str | None] | None = None,
+        isolated: bool = False,
+    ) -> None:
         self.flow = flow
         self.eng = flow.engine
         self.ts = ts
@@ -579,20 +647,21 @@ class _Run:
         self.call_error: StreamTxError | None = None
         self.results: list[pa.Table] = []
         self.stored: set[str] = set()
-        self._group: str | None = None  # the open transaction group (isolated path)
-        self._group_tes: list[_TE] = []
-        self._group_stored: set[str] = set()
-        self._saved_windows: Any = None
-        self._saved_inputs: dict[str, pa.Table] = {}
+        self.skip = skip or {}
+        """TEs left out: aborted on an earlier attempt, with their reason (None: undone with their group)."""
+        self.isolated = isolated
+        self.failure: _Failure | None = None
+        self._rows: tuple[int, ...] = ()  # the tuple positions of the FOR EACH ROW TEs running
+        self._group: str | None = None  # the transaction group of the TEs running back to back
+        self._instance: list[tuple[_Key, _TE]] = []  # the open group's TEs so far
         self.logged: list[tuple[dict[str, Any], pa.Table | None]] = []  # committed TEs, for strong logging
-        self._logged_at = 0
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
 
     def start_push(self, p: Push) -> None:
         """The batch's entry TEs: every consumer of its stream, taken or refused together.
 
-        They form one unit (one transaction on the isolated path): the batch is
-        committed only if all of them commit, whichever of them aborts.
+        They form one unit (one transaction group on the isolated path): the
+        batch is committed only if all of them commit, whichever of them aborts.
         """
         cat = self.eng.catalog
         self.push = p
@@ -614,50 +683,79 @@ class _Run:
             self.out.emitted.add(stream)
         return self.out
 
-    # ------------------------------------------------------------------ paths
-    def execute_fast(self) -> None:
-        """Every TE inside the caller's transaction; an abort propagates to the caller.
+    # -------------------------------------------------------------- execution
+    def execute(self) -> None:
+        """Every TE inside the caller's transaction; an abort propagates to the caller (with `failure` set).
 
-        The members of a transaction group still run back to back (`_next`), so
-        the order is the one the isolated path would take.
+        The members of a transaction group run back to back (`_next`), so the
+        order is the one the isolated path takes.
         """
         while self.pending:
             te = self._next()
-            self._group = te.group
-            tx = self._transaction(te)
-            self._run_te(te, tx)
-            self._log(te)
-            self._done(te, tx, None)
+            rows = self._each_row(te)
+            if rows is None:
+                self._step(te)
+                continue
+            outer = self.pending, self.inputs, self.values, self._rows
+            for i, row in enumerate(rows):
+                self.pending, self.inputs, self.values = [te], {te.stream: row}, {}  # type: ignore[dict-item]
+                self._rows = (*outer[3], i)
+                self.execute()
+            self.pending, self.inputs, self.values, self._rows = outer
         self._group = None
 
-    def execute_isolated(self) -> None:
-        """One DuckDB transaction per TE (or per group); an aborted TE is undone and reported."""
-        while self.pending:
-            te = self._next()
-            if self._group is not None and te.group != self._group:
-                self._commit()
-            if self._group is None:
-                self._begin(te.group)
-            tx = self._transaction(te)
-            try:
-                self._run_te(te, tx)
-                self.eng.state.write_back_in(te.procedure)
-                self._log(te)
-                if te.border:  # in the entry unit's transaction
-                    assert self.push is not None
-                    self.eng.record_mark(self.push.producer, self.push.stream, self.push.batch_id, self.ts)
-            except StreamTxError as e:
-                self._abort(te, e)
-                continue
-            if self._group is None:
-                self.eng.commit()
-            else:
-                self._group_tes.append(te)
-            self._done(te, tx, self._group)
-        if self._group is not None:
-            self._commit()
+    def undone(self, failure: _Failure, error: StreamTxError) -> bool:
+        """After a rollback: False when the abort ends the command (batch rejected, call failed), else True."""
+        eng = self.eng
+        undone = [te for _, te in failure.undone]
+        if any(t.entry for t in undone):
+            assert self.push is not None
+            reason = failure.reason(error)
+            code = error.code.value[0]
+            self.out = Outcome("rejected", self.ts, code, reason)
+            self.stored = set()
+            self.logged = []
+            eng.record_rejection(self.push.producer, self.push.stream, self.push.batch_id, self.ts, code, reason)
+            return False
+        if self.call_params is not None and any(t.stream is None for t in undone):
+            self.call_error = error
+            return False
+        return True
 
     # -------------------------------------------------------------- helpers
+    def _each_row(self, te: _TE) -> list[pa.Table] | None:
+        """The tuples a FOR EACH ROW TE takes one at a time (None: it takes its batch at once)."""
+        if te.procedure is None or te.stream is None:
+            return None
+        batch = self.inputs.get(te.stream)
+        if batch is None or batch.num_rows < 2 or not self.eng.catalog.procedures[te.procedure].each_row:
+            return None
+        return [batch.slice(i, 1) for i in range(batch.num_rows)]
+
+    def _step(self, te: _TE) -> None:
+        """Runs one TE (or leaves it out, if an earlier attempt saw it abort)."""
+        key = (self._rows, te.procedure, te.border)
+        if te.group is None or te.group != self._group:
+            self._instance = []
+        self._group = te.group
+        if key in self.skip:
+            report = self.skip[key]
+            if report is not None:
+                self.eng.counters["tes_aborted"] += 1
+                self.out.aborted_tes.append(report)
+            return
+        self._instance.append((key, te))
+        tx = self._transaction(te)
+        try:
+            self._run_te(te, tx)
+            if self.isolated:  # rows a constraint refuses abort this TE, not the command
+                self.eng.state.write_back_in(te.procedure)
+        except StreamTxError:
+            self.failure = _Failure(te, list(self._instance), te.group)
+            raise
+        self._log(te)
+        self._done(te, tx)
+
     def _transaction(self, te: _TE) -> Transaction:
         batch = self.inputs.get(te.stream) if te.stream else None
         known = self.values.get(te.stream) if batch is not None else None
@@ -686,22 +784,6 @@ class _Run:
         spec = {"procedure": te.procedure, "stream": te.stream, "border": te.border, "entry": te.entry}
         self.logged.append((spec, self.inputs.get(te.stream) if te.stream else None))
 
-    def _begin(self, group: str | None) -> None:
-        self._logged_at = len(self.logged)
-        self.eng.begin()
-        self._saved_windows = self.eng.windows.snapshot()
-        self._saved_inputs = dict(self.inputs)
-        self._group = group
-        self._group_tes = []
-        self._group_stored = set()
-
-    def _commit(self) -> None:
-        self.eng.commit()
-        self.stored |= self._group_stored
-        self._group = None
-        self._group_tes = []
-        self._group_stored = set()
-
     def _run_te(self, te: _TE, tx: Transaction) -> None:
         cat = self.eng.catalog
         if te.border:
@@ -715,15 +797,12 @@ class _Run:
         if te.procedure is not None:
             self.flow.run_body(tx, te.procedure)
 
-    def _done(self, te: _TE, tx: Transaction, group: str | None) -> None:
+    def _done(self, te: _TE, tx: Transaction) -> None:
         """A TE finished: its results, stored streams, and the TEs its output triggers (PE triggers)."""
         self.out.tes += 1
         if te.procedure is not None and te.stream is None:
             self.results = tx.results
-        if group is None:
-            self.stored |= tx.stored
-        else:
-            self._group_stored |= tx.stored
+        self.stored |= tx.stored
         cat = self.eng.catalog
         for stream, parts in tx.emitted.items():
             rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
@@ -735,37 +814,7 @@ class _Run:
             if known is not None and known[0] is rows:
                 self.values[stream] = known
             for proc in cat.consumers.get(stream, []):
-                self.pending.append(_TE(proc, stream, self.eng.group_of(proc), origin_group=group))
-
-    def _abort(self, te: _TE, error: StreamTxError) -> None:
-        """Undoes the open transaction (the TE, or its whole group) and reports it."""
-        eng = self.eng
-        eng.rollback()
-        eng.windows.restore(self._saved_windows)
-        self.inputs = self._saved_inputs
-        del self.logged[self._logged_at :]
-        group = self._group
-        undone = [*self._group_tes, te]
-        self._group = None
-        self._group_tes = []
-        self._group_stored = set()
-        if group is not None:
-            self.pending = [t for t in self.pending if t.origin_group != group]
-        code = error.code.value[0]
-        reason = error.message if group is None else f"transaction group {group} undone: {error.message}"
-        if any(t.entry for t in undone):
-            assert self.push is not None
-            self.out = Outcome("rejected", self.ts, code, reason)
-            self.stored = set()
-            eng.record_rejection(self.push.producer, self.push.stream, self.push.batch_id, self.ts, code, reason)
-            self.pending = []
-            return
-        if self.call_params is not None and any(t.stream is None for t in undone):
-            self.call_error = error
-            self.pending = []
-            return
-        eng.counters["tes_aborted"] += 1
-        self.out.aborted_tes.append(f"{te.procedure}: {reason}")
+                self.pending.append(_TE(proc, stream, self.eng.group_of(proc)))
 
 
 def _rows_per_batch(batches: list[pa.Table]) -> list[list[Row]]:
