@@ -1,8 +1,10 @@
 """The client side of the H-Store-style voter: it enforces the dataflow order itself.
 
-For every batch it calls vote_call, waits, passes the accepted votes to
+For every vote it calls vote_call, waits, passes the vote, if accepted, to
 leaderboard_call, waits, and calls delete_call if a contestant is to go:
 three synchronous round trips where the server-side dataflow needs none.
+Vote by vote, as the rules have it: a deletion falls right after the vote
+that reached a multiple of `delete_every`, whatever the batches.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from streamtx.client import Client
 
 
 def process_batch(client: Client, votes: pa.Table) -> None:
+    for i in range(votes.num_rows):
+        _process(client, votes.slice(i, 1))
+
+
+def _process(client: Client, votes: pa.Table) -> None:
     accepted = client.call(
         "vote_call",
         vote_ids=votes.column("vote_id").to_pylist(),

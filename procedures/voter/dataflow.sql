@@ -1,8 +1,11 @@
 -- The voter as an S-Store dataflow, for every atomic batch of votes:
 --   votes_in --vote--> validated --leaderboard--> to_delete --delete_contestant--> deletions
 -- The trending leaderboard is kept by an EE trigger on the window `trending`.
--- Within a batch, votes are taken in vote_id order. `{window}` and `{slide}`
--- are filled in by procedures/voter/app.py.
+-- `vote` is FOR EACH ROW: a batch's votes run one at a time, in the batch's
+-- order, each through the whole dataflow (leaderboard, and the deletion it may
+-- trigger) before the next, all in the batch's one transaction; so the tables
+-- do not depend on how votes are cut into batches. `{window}` and `{slide}` are
+-- filled in by procedures/voter/app.py.
 
 CREATE STREAM votes_in (vote_id BIGINT, phone_number BIGINT, contestant_number INTEGER) PARTITION BY (phone_number);
 CREATE STREAM validated (vote_id BIGINT, phone_number BIGINT, state VARCHAR, contestant_number INTEGER);
@@ -11,32 +14,30 @@ CREATE STREAM to_delete (contestant_number INTEGER);
 CREATE STREAM deletions (contestant_number INTEGER, removed_votes BIGINT);
 CREATE WINDOW trending ON validated ROWS {window} SLIDE {slide};
 
-CREATE PROCEDURE vote ON STREAM votes_in AS BEGIN
+CREATE PROCEDURE vote ON STREAM votes_in FOR EACH ROW AS BEGIN
+    -- one vote (FOR EACH ROW): rejected, or inserted, by the same two conditions
     INSERT INTO rejected_votes
-        SELECT v.vote_id, 'no such contestant' FROM votes_in v
-        WHERE v.contestant_number NOT IN (SELECT contestant_number FROM contestants);
-    WITH valid AS (
-        SELECT v.*, row_number() OVER (PARTITION BY v.phone_number ORDER BY v.vote_id) AS nth
-        FROM votes_in v JOIN contestants c ON c.contestant_number = v.contestant_number
-    ), judged AS (
-        SELECT valid.*, coalesce(p.num_votes, 0) + valid.nth
-                        <= (SELECT max_votes FROM voter_config WHERE id = 1) AS ok
-        FROM valid LEFT JOIN phone_votes p ON p.phone_number = valid.phone_number
-    )
+        SELECT v.vote_id,
+               CASE WHEN c.contestant_number IS NULL THEN 'no such contestant' ELSE 'vote limit reached' END
+        FROM votes_in v
+        LEFT JOIN contestants c ON c.contestant_number = v.contestant_number
+        LEFT JOIN phone_votes p ON p.phone_number = v.phone_number
+        WHERE c.contestant_number IS NULL
+           OR coalesce(p.num_votes, 0) >= (SELECT max_votes FROM voter_config WHERE id = 1);
     INSERT INTO votes
-        SELECT j.vote_id, j.phone_number, coalesce(a.state, 'XX'), j.contestant_number, $batch_id
-        FROM judged j LEFT JOIN area_code_state a ON a.area_code = j.phone_number // 10000000
-        WHERE j.ok;
-    INSERT INTO rejected_votes
-        SELECT v.vote_id, 'vote limit reached' FROM votes_in v
+        SELECT v.vote_id, v.phone_number, coalesce(a.state, 'XX'), v.contestant_number, $batch_id
+        FROM votes_in v
         JOIN contestants c ON c.contestant_number = v.contestant_number
-        WHERE v.vote_id NOT IN (SELECT vote_id FROM votes WHERE created = $batch_id);
+        LEFT JOIN phone_votes p ON p.phone_number = v.phone_number
+        LEFT JOIN area_code_state a ON a.area_code = v.phone_number // 10000000
+        WHERE coalesce(p.num_votes, 0) < (SELECT max_votes FROM voter_config WHERE id = 1);
     INSERT INTO phone_votes
-        SELECT phone_number, count(*) FROM votes WHERE created = $batch_id GROUP BY phone_number
+        SELECT phone_number, count(*) FROM votes
+        WHERE vote_id IN (SELECT vote_id FROM votes_in) GROUP BY phone_number
         ON CONFLICT DO UPDATE SET num_votes = phone_votes.num_votes + excluded.num_votes;
     INSERT INTO validated
         SELECT vote_id, phone_number, state, contestant_number FROM votes
-        WHERE created = $batch_id ORDER BY vote_id;
+        WHERE vote_id IN (SELECT vote_id FROM votes_in) ORDER BY vote_id;
 END;
 
 CREATE TRIGGER trending_board ON WINDOW trending AS BEGIN
@@ -56,17 +57,14 @@ CREATE PROCEDURE leaderboard ON STREAM validated AS BEGIN
         ON CONFLICT DO UPDATE SET num_votes = contestant_votes.num_votes + excluded.num_votes;
     UPDATE vote_counter SET total = total + (SELECT count(*) FROM validated) WHERE id = 1;
     DELETE FROM leaderboard WHERE board IN ('top', 'bottom');
-    INSERT INTO leaderboard
-        SELECT 'top', r, contestant_number, n FROM (
-            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
-                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0) DESC, c.contestant_number) AS r
-            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-        ) WHERE r <= 3;
-    INSERT INTO leaderboard
-        SELECT 'bottom', r, contestant_number, n FROM (
-            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
-                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0), c.contestant_number) AS r
-            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+    INSERT INTO leaderboard  -- both boards in one statement: each contestant's rank on each
+        SELECT board, r, contestant_number, n FROM (
+            SELECT unnest(['top', 'bottom']) AS board, unnest([top, bottom]) AS r, contestant_number, n FROM (
+                SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
+                       row_number() OVER (ORDER BY coalesce(v.num_votes, 0) DESC, c.contestant_number) AS top,
+                       row_number() OVER (ORDER BY coalesce(v.num_votes, 0), c.contestant_number) AS bottom
+                FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+            )
         ) WHERE r <= 3;
     INSERT INTO to_delete
         SELECT contestant_number FROM (

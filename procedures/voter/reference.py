@@ -1,9 +1,9 @@
 """A plain sequential voter: the test oracle. No server, no SQL, one vote at a time.
 
-It applies exactly the rules of WORKLOADS.md section 1, batch by batch: the
-votes of a batch one at a time in vote_id order, then the leaderboard for the
-batch, then at most one deletion if the vote counter crossed a multiple of
-`delete_every` during the batch (the dataflow runs per atomic batch).
+It applies exactly the rules of WORKLOADS.md section 1 to every vote in turn
+(a batch's votes in the batch's order): the vote, then the leaderboard, then,
+when the vote counter reaches a multiple of `delete_every`, the deletion. How
+votes are cut into batches changes nothing.
 """
 
 from __future__ import annotations
@@ -37,32 +37,30 @@ class VoterReference:
         self.deletions: list[tuple[int, int]] = []
 
     def process_batch(self, votes: list[tuple[int, int, int]]) -> None:
-        """One atomic batch of (vote_id, phone_number, contestant_number)."""
-        accepted = []
-        for vote_id, phone, contestant in sorted(votes):
-            if contestant not in self.contestants:
-                self.rejected.append((vote_id, "no such contestant"))
-            elif self.phone_votes[phone] >= self.config.max_votes:
-                self.rejected.append((vote_id, "vote limit reached"))
-            else:
-                state = self.area_state.get(phone // 10_000_000, "XX")
-                self.votes[vote_id] = (phone, state, contestant)
-                self.phone_votes[phone] += 1
-                accepted.append(contestant)
-        if accepted:
-            self._leaderboard(accepted)
+        """One atomic batch of (vote_id, phone_number, contestant_number): its votes one at a time."""
+        for vote in votes:
+            self.process_vote(*vote)
 
-    def _leaderboard(self, accepted: list[int]) -> None:
-        for contestant in accepted:  # the window slides, its trigger recomputes trending
-            self.staged.append(contestant)
-            if len(self.staged) >= self.config.slide:
-                self.window.extend(self.staged)
-                self.staged = []
-                self._trending()
-        before = self.total
-        for contestant in accepted:
-            self.contestant_votes[contestant] += 1
-        self.total += len(accepted)
+    def process_vote(self, vote_id: int, phone: int, contestant: int) -> None:
+        if contestant not in self.contestants:
+            self.rejected.append((vote_id, "no such contestant"))
+            return
+        if self.phone_votes[phone] >= self.config.max_votes:
+            self.rejected.append((vote_id, "vote limit reached"))
+            return
+        state = self.area_state.get(phone // 10_000_000, "XX")
+        self.votes[vote_id] = (phone, state, contestant)
+        self.phone_votes[phone] += 1
+        self._leaderboard(contestant)
+
+    def _leaderboard(self, contestant: int) -> None:
+        self.staged.append(contestant)  # the window slides, its trigger recomputes trending
+        if len(self.staged) >= self.config.slide:
+            self.window.extend(self.staged)
+            self.staged = []
+            self._trending()
+        self.contestant_votes[contestant] += 1
+        self.total += 1
         ranked = sorted(self.contestants, key=lambda c: (-self.contestant_votes[c], c))
         bottom = sorted(self.contestants, key=lambda c: (self.contestant_votes[c], c))
         for board in ("top", "bottom"):
@@ -71,8 +69,7 @@ class VoterReference:
         for board, order in (("top", ranked), ("bottom", bottom)):
             for rank, c in enumerate(order[:3], start=1):
                 self.leaderboard[(board, rank)] = (c, self.contestant_votes[c])
-        every = self.config.delete_every
-        if len(self.contestants) > 1 and self.total // every > before // every:
+        if len(self.contestants) > 1 and self.total % self.config.delete_every == 0:
             self._delete(bottom[0])
 
     def _trending(self) -> None:

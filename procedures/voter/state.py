@@ -27,10 +27,12 @@ State (tables of state.sql, each with a one-column primary key):
   window's EE trigger in the SQL dataflow). A board keeps slots the deletion
   emptied until it is next rewritten, like the reference.
 - When the counter reaches a multiple of `voter_config[1].delete_every`,
-  `leaderboard` emits the total on `to_delete`; the SQL procedure
-  `delete_contestant` then picks the contestant with the fewest votes (after
-  the whole batch, as the reference does) and removes it. Being SQL, it is a
-  barrier that ends the opchain interval's working set.
+  `leaderboard` picks the present contestant with the fewest votes (ties: the
+  smallest number; none if only one is left) from the tally and emits it on
+  `to_delete`; the SQL procedure `delete_contestant` removes that contestant
+  on every partition. Being SQL, it is a barrier that ends the opchain
+  interval's working set. `vote` is FOR EACH ROW, so in a batch of several
+  votes the deletion comes right after the vote that reached the multiple.
 
 Every result equals `VoterReference` (tests/test_voter_state.py); `QUERIES`
 reads the server's state in the shape of `VoterReference.tables()`.
@@ -48,7 +50,7 @@ BOARD_SLOTS = 3
 REJECTIONS = ("no such contestant", "vote limit reached")  # the reasons a vote is rejected for, as in the SQL
 # the operations post_process reads, by their place in pre_process's declarations
 VOTE_ROW = Ref(1)  # Vote: the votes row written
-CONFIG_ROW, COUNTER_ROW = Ref(0), Ref(2)  # Leaderboard: voter_config read, vote_counter after the vote
+CONFIG_ROW, COUNTER_ROW, TALLY_ROW = Ref(0), Ref(2), Ref(3)  # Leaderboard: voter_config, vote_counter, tally
 
 QUERIES: dict[str, str] = {
     **SERVER_QUERIES,
@@ -195,10 +197,12 @@ class Leaderboard(StateProcedure):
     def post_process(self, ev: Event) -> None:
         if ev.rejected:  # only if one of the functions above failed: undo the TE rather than lose the vote
             raise Aborted(f"leaderboard: vote {ev['vote_id']}: {ev.reason}")
-        config, counter = ev.value(CONFIG_ROW), ev.value(COUNTER_ROW)
-        assert config is not None and counter is not None
+        config, counter, tally = ev.value(CONFIG_ROW), ev.value(COUNTER_ROW), ev.value(TALLY_ROW)
+        assert config is not None and counter is not None and tally is not None
         if counter["total"] % config["delete_every"] == 0:
-            ev.emit("to_delete", {"total": counter["total"]})
+            present = _counted(tally)
+            if len(present) > 1:
+                ev.emit("to_delete", {"contestant_number": min(present)[1]})
 
 
 vote = Vote()

@@ -6,7 +6,10 @@
 -- batches of a punctuation interval share one load and one write-back per table.
 -- `delete_contestant` stays SQL: it touches every vote of a contestant, so it is a
 -- barrier (the interval's state is written back before it runs); it runs only when
--- the vote counter reaches a multiple of `delete_every`.
+-- the vote counter reaches a multiple of `delete_every`, on the contestant that
+-- `leaderboard` chose and sent on `to_delete` (every partition deletes that one).
+-- `vote` is FOR EACH ROW: a batch's votes run one at a time, each through the whole
+-- dataflow, so a deletion falls between the votes where the counter crossed.
 --
 -- Self-contained, not schema.sql + this file: state access needs one-column primary
 -- keys, so the leaderboard lives in `boards` (one row per board, three slots) and
@@ -59,7 +62,7 @@ CREATE TABLE tally (
 CREATE STREAM votes_in (vote_id BIGINT, phone_number BIGINT, contestant_number INTEGER) PARTITION BY (phone_number);
 CREATE STREAM validated (vote_id BIGINT, phone_number BIGINT, state VARCHAR, contestant_number INTEGER);
 CREATE STREAM rejected_votes (vote_id BIGINT, reason VARCHAR);
-CREATE STREAM to_delete (total BIGINT);  -- the vote counter reached a multiple of delete_every
+CREATE STREAM to_delete (contestant_number INTEGER);  -- the present contestant with the fewest votes
 CREATE STREAM deletions (contestant_number INTEGER, removed_votes BIGINT);
 
 CREATE PROCEDURE setup (num_contestants INTEGER, max_votes INTEGER, delete_every BIGINT, trending_window INTEGER) AS BEGIN
@@ -79,54 +82,29 @@ CREATE PROCEDURE setup (num_contestants INTEGER, max_votes INTEGER, delete_every
         FROM range($num_contestants);
 END;
 
-CREATE PROCEDURE vote ON STREAM votes_in AS PYTHON 'voter.state:vote';
+CREATE PROCEDURE vote ON STREAM votes_in FOR EACH ROW AS PYTHON 'voter.state:vote';
 CREATE PROCEDURE leaderboard ON STREAM validated AS PYTHON 'voter.state:leaderboard';
 
--- The contestant to delete is computed here, after the batch's leaderboard TE: the
--- present contestant with the fewest votes (ties: smallest number), unless only one
--- is left. Every statement recomputes it from contestants and contestant_votes, so
--- those two are changed last.
 CREATE PROCEDURE delete_contestant ON STREAM to_delete AS BEGIN
     INSERT INTO deletions
-        SELECT c.contestant_number, coalesce(v.num_votes, 0)
-        FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-        WHERE (SELECT count(*) FROM contestants) > 1
-        ORDER BY coalesce(v.num_votes, 0), c.contestant_number
-        LIMIT 1;
+        SELECT d.contestant_number,
+               coalesce((SELECT num_votes FROM contestant_votes v WHERE v.contestant_number = d.contestant_number), 0)
+        FROM to_delete d;
     UPDATE phone_votes SET num_votes = phone_votes.num_votes - d.n
         FROM (SELECT phone_number, count(*) AS n FROM votes
-              WHERE contestant_number = (
-                  SELECT c.contestant_number
-                  FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-                  WHERE (SELECT count(*) FROM contestants) > 1
-                  ORDER BY coalesce(v.num_votes, 0), c.contestant_number LIMIT 1)
+              WHERE contestant_number IN (SELECT contestant_number FROM to_delete)
               GROUP BY phone_number) d
         WHERE phone_votes.phone_number = d.phone_number;
     DELETE FROM phone_votes WHERE num_votes = 0;
-    DELETE FROM votes WHERE contestant_number = (
-        SELECT c.contestant_number
-        FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-        WHERE (SELECT count(*) FROM contestants) > 1
-        ORDER BY coalesce(v.num_votes, 0), c.contestant_number LIMIT 1);
+    DELETE FROM votes WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
     UPDATE boards SET
         c1 = CASE WHEN c1 = d.c THEN NULL ELSE c1 END, n1 = CASE WHEN c1 = d.c THEN NULL ELSE n1 END,
         c2 = CASE WHEN c2 = d.c THEN NULL ELSE c2 END, n2 = CASE WHEN c2 = d.c THEN NULL ELSE n2 END,
         c3 = CASE WHEN c3 = d.c THEN NULL ELSE c3 END, n3 = CASE WHEN c3 = d.c THEN NULL ELSE n3 END
-        FROM (SELECT c.contestant_number AS c
-              FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-              WHERE (SELECT count(*) FROM contestants) > 1
-              ORDER BY coalesce(v.num_votes, 0), c.contestant_number LIMIT 1) d;
+        FROM (SELECT contestant_number AS c FROM to_delete) d;
     UPDATE tally SET gone = list_append(gone, d.c)
-        FROM (SELECT c.contestant_number AS c
-              FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-              WHERE (SELECT count(*) FROM contestants) > 1
-              ORDER BY coalesce(v.num_votes, 0), c.contestant_number LIMIT 1) d
+        FROM (SELECT contestant_number AS c FROM to_delete) d
         WHERE tally.id = 1;
-    DELETE FROM contestants WHERE contestant_number = (
-        SELECT c.contestant_number
-        FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-        WHERE (SELECT count(*) FROM contestants) > 1
-        ORDER BY coalesce(v.num_votes, 0), c.contestant_number LIMIT 1);
-    -- the victim is now the one contestant_votes row without a contestant
-    DELETE FROM contestant_votes WHERE contestant_number NOT IN (SELECT contestant_number FROM contestants);
+    DELETE FROM contestants WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
+    DELETE FROM contestant_votes WHERE contestant_number IN (SELECT contestant_number FROM to_delete);
 END;
