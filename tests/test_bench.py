@@ -158,13 +158,25 @@ def test_bench_push_quick(tmp_path, capsys):
 
 
 def test_bench_voter_small_run_checks_every_server_against_the_reference(capsys):
-    """Warm-up and timed rounds of all four servers; the state servers are checked against the reference."""
-    args = ["voter", "--quick", "--quiet", "--batch-sizes", "1", "--rounds", "1", "--batches", "10"]
-    assert main([*args, "--state-batches", "150"]) == 0
+    """Warm-up and timed rounds of all four servers, each checked against the reference after every run.
+
+    A deletion every 7 votes falls inside 4-vote batches, so a server that took
+    a batch's votes together rather than one at a time would fail the verb.
+    """
+    args = ["voter", "--quick", "--quiet", "--batch-sizes", "1,4", "--rounds", "1", "--batches", "10"]
+    assert main([*args, "--state-batches", "150", "--delete-every", "7"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    state = {x["executor"]: x for x in lines if x.get("mode") == "state"}
-    assert set(state) == {"serial", "opchain"}
-    assert all(x["matches_reference"] and x["batches"] == 150 and x["batches_per_s"] > 0 for x in state.values())
+    measured = [x for x in lines if "mode" in x]
+    assert {(x["mode"], x["batch_size"]) for x in measured} == {
+        ("dataflow", 1),
+        ("dataflow", 4),
+        ("client_ordered", 1),
+        ("client_ordered", 4),
+        ("state", 1),
+    }
+    assert all(x["matches_reference"] and x["batches_per_s"] > 0 for x in measured)
+    state = {x["executor"]: x for x in measured if x["mode"] == "state"}
+    assert set(state) == {"serial", "opchain"} and all(x["batches"] == 150 for x in state.values())
     assert any(x.get("states_equal") for x in lines)
     last = lines[-1]
     assert RATIO_KEYS <= last.keys() and last["target"] == 5300.0 and last["matches_reference"]
