@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from typing import Any
 
 import duckdb
 import grpc
@@ -216,6 +217,53 @@ def test_resent_coordinated_batch_is_a_duplicate_with_its_original_outcome(bank)
     assert again_ok.outcome == "duplicate" and again_bad.outcome == "duplicate"
     assert again_bad.original == "rejected" and "balance" in again_bad.reason
     assert c.query("SELECT sum(balance) FROM balances").fetchall() == [(2,)]
+
+
+def resend_everything(target: str, a: int, b: int) -> dict[str, Any]:
+    """Batches 1-3 of one producer first went to `a`'s partition (committed, aborted, bad rows);
+    re-sent with rows on `b`'s partition, each must be a DUPLICATE with its original outcome."""
+    with Client(target, producer_id="rerouter") as p:
+        first = [
+            p.push("deposits", deposits([(a, 5)]), batch_id=1).result(),
+            p.push("deposits", deposits([(a, -9)]), batch_id=2).result(),  # the balance CHECK aborts it
+            p.push("deposits", {"account": [a], "amount": ["five"]}, batch_id=3).result(),  # refused at decode
+        ]
+        again = [p.push("deposits", deposits([(b, 7)]), batch_id=i).result() for i in (1, 2, 3)]
+    return {"first": first, "again": again}
+
+
+def check_resends(first: list[Any], again: list[Any]) -> None:
+    assert [x.outcome for x in first] == ["committed", "rejected", "rejected"], first
+    assert [x.outcome for x in again] == ["duplicate"] * 3, again
+    assert [x.original for x in again] == ["committed", "rejected", "rejected"]
+    assert [x.reason for x in again[1:]] == [x.reason for x in first[1:]] and "balance" in again[1].reason
+    assert [x.timestamp for x in again[1:]] == [x.timestamp for x in first[1:]]
+
+
+def test_a_resent_batch_whose_rows_route_to_another_partition_is_a_duplicate(bank):
+    c, partitions = bank
+    a, b = keys_on(partitions, 0, 1)[0], keys_on(partitions, 1, 1)[0]
+    check_resends(**resend_everything(c.target, a, b))
+    assert c.query("SELECT account, balance FROM balances ORDER BY 1").fetchall() == [(a, 5)]
+
+
+def test_a_resend_after_a_restart_is_still_a_duplicate_wherever_it_routes(tmp_path):
+    a, b = keys_on(2, 0, 1)[0], keys_on(2, 1, 1)[0]
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        first = resend_everything(srv.target, a, b)["first"]
+        with Client(srv.target, producer_id="latest") as p:
+            latest = p.push("deposits", deposits([(b, 1)]), batch_id=1).result()
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        with Client(srv.target, producer_id="rerouter") as p:
+            again = [p.push("deposits", deposits([(b, 7)]), batch_id=i).result() for i in (1, 2, 3)]
+        with Client(srv.target, producer_id="latest") as p:
+            latest_again = p.push("deposits", deposits([(a, 1)]), batch_id=1).result()
+        check_resends(first, again)
+        assert latest_again.outcome == "duplicate" and latest_again.original == "committed"
+        assert latest_again.timestamp == latest.timestamp  # a producer's latest batch keeps its timestamp
+        assert c.query("SELECT account, balance FROM balances ORDER BY 1").fetchall() == sorted([(a, 5), (b, 1)])
 
 
 def test_deploy_refuses_partitioned_code_on_single_or_written_replicated_tables(bank):

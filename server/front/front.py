@@ -149,9 +149,36 @@ class Front:
         resend = batch_id <= self.sequencer.dispatched.get((producer, stream), 0)
 
         def dispatch(ts: int) -> asyncio.Future:
-            return self._dispatch_push(stream, producer, batch_id, ts, table, resend)
+            if resend:
+                return self._resent(stream, producer, batch_id)
+            return self._dispatch_push(stream, producer, batch_id, ts, table)
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
+
+    def _resent(self, stream: str, producer: str, batch_id: int) -> asyncio.Future:
+        """A re-sent batch: DUPLICATE with the original outcome, whichever partitions its rows route to now.
+
+        The id was dispatched, so the batch was taken (committed or rejected)
+        by whichever partitions its first rows went to; every partition is
+        asked, in order behind the original, and the one that rejected it
+        says so. Nothing runs: the rows of a re-send are never looked at.
+        """
+        header = {"op": "original", "producer": producer, "stream": stream, "batch_id": batch_id}
+        out: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def finish(replies: asyncio.Future) -> None:
+            try:
+                known = [checked(r)[0] for r in replies.result()]
+            except Exception as e:  # the lookup's failure, whatever it is, is the caller's
+                out.set_exception(e)
+                return
+            rejected = [k for k in known if k["original"] == "rejected"]
+            original = rejected[0] if rejected else max(known, key=lambda k: k["ts"])
+            self.counters["duplicate"] += 1
+            out.set_result({**original, "emitted": [], "tes": 0, "aborted_tes": []})
+
+        self.gate.run(lambda: self._send_all(header)).add_done_callback(finish)
+        return out
 
     def reject(self, stream: str, producer: str, batch_id: int, error: StreamTxError) -> asyncio.Future:
         """Takes a well-addressed batch whose rows are bad as rejected, in its place in the order.
@@ -175,9 +202,7 @@ class Front:
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
-    def _dispatch_push(
-        self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table, resend: bool
-    ) -> asyncio.Future:
+    def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
         target = self.local_target(stream, table)
         header = {"op": "push", "stream": stream, "producer": producer, "batch_id": batch_id, "ts": ts}
 
@@ -189,7 +214,7 @@ class Front:
             return self._finish_push(self.partitions[target].send(header, [table]))
 
         item = None
-        if self.gate.span_runner is not None and not resend and stream in self.catalog.placement.stream_keys:
+        if self.gate.span_runner is not None and stream in self.catalog.placement.stream_keys:
             if target is None:
                 involved = (HOME, *self.map.partitions_of(table, self.catalog.placement.stream_keys[stream]))
             else:
@@ -299,11 +324,11 @@ class Front:
 
     async def ask_all(self, header: dict[str, Any]) -> list[Reply]:
         """A read of every partition at one point of the command order (a consistent cut)."""
+        return [checked(r) for r in await self.gate.run(lambda: self._send_all(header))]
 
-        def send() -> asyncio.Future:
-            return asyncio.ensure_future(asyncio.gather(*(p.send(header) for p in self.partitions.all)))
-
-        return [checked(r) for r in await self.gate.run(send)]
+    def _send_all(self, header: dict[str, Any]) -> asyncio.Future:
+        """Writes `header` to every partition's queue now; the future is their replies."""
+        return asyncio.ensure_future(asyncio.gather(*(p.send(header) for p in self.partitions.all)))
 
     # --------------------------------------------------------------- subscribe
     def check_subscribe(self, stream: str) -> None:

@@ -8,8 +8,9 @@ A producer's batch ids on a stream start at 1 and increase by one. A batch is
 dispatched only after its predecessor was: one that arrives early waits (at
 most `order_timeout` seconds, then it is rejected with FAILED_PRECONDITION and
 its id stays free). A batch id at or below the last dispatched one is a
-re-send: it is still dispatched, and the partition answers DUPLICATE with the
-original outcome, after the original has finished.
+re-send: the front answers it DUPLICATE with the original outcome, asking
+every partition behind the original (front.py `_resent`), whatever partitions
+its rows would route to now.
 """
 
 from __future__ import annotations

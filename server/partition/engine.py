@@ -244,10 +244,17 @@ class Engine:
         )
 
     def original_outcome(self, producer: str, stream: str, batch_id: int) -> dict[str, Any]:
+        """What this partition knows of a batch it may have taken: rejected (and why), else committed.
+
+        The timestamp of a committed batch is known while it is the producer's
+        latest on this partition (the dedup mark keeps it), else 0. Reads
+        DuckDB: the caller has written back what the working set held.
+        """
+        key = {"p": producer, "s": stream, "b": batch_id}
         row = self.con.execute(
             f"SELECT ts, code, reason FROM {SYSTEM_SCHEMA}.rejections "
             "WHERE producer_id = $p AND stream = $s AND batch_id = $b",
-            {"p": producer, "s": stream, "b": batch_id},
+            key,
         ).fetchone()
         if row is not None:
             return {
@@ -257,7 +264,13 @@ class Engine:
                 "code": row[1],
                 "reason": row[2],
             }
-        return {"outcome": "duplicate", "original": "committed", "ts": 0, "code": 0, "reason": ""}
+        latest = self.con.execute(
+            f"SELECT last_ts FROM {SYSTEM_SCHEMA}.producers "
+            "WHERE producer_id = $p AND stream = $s AND last_batch_id = $b",
+            key,
+        ).fetchone()
+        ts = latest[0] if latest is not None else 0
+        return {"outcome": "duplicate", "original": "committed", "ts": ts, "code": 0, "reason": ""}
 
     # ------------------------------------------------------------ stream storage
     def retain(self, stream: str, batch_ids: list[int]) -> None:

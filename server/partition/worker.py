@@ -338,6 +338,8 @@ class Worker:
         if op == "done":
             self.journal.done(h["ts"])
             return {}, []
+        if op == "original":  # a re-send: what this partition knows of the batch (front.py `_resent`)
+            return eng.original_outcome(h["producer"], h["stream"], h["batch_id"]), []
         if op == "marks":
             eng.load_marks()
             return {"marks": eng.marks, "last_ts": eng.last_ts}, []
