@@ -16,8 +16,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
+from streamtx.server import reflection
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.front import Front
 from streamtx.server.front.service import StreamTxService
@@ -51,14 +51,7 @@ class Server:
         )
         pb_grpc.add_StreamTxServicer_to_server(StreamTxService(self.front), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
-        reflection.enable_server_reflection(
-            (
-                SERVICE_NAME,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            self._grpc,
-        )
+        reflection.enable(self._grpc, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         self.port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if self.port == 0:
             raise SystemExit(f"streamtx: cannot listen on {self.config.host}:{self.config.port}")

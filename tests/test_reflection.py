@@ -108,6 +108,40 @@ def test_reflection_lists_the_services(api):
     assert SERVICE in services
     assert "grpc.health.v1.Health" in services
     assert "grpc.reflection.v1alpha.ServerReflection" in services
+    assert "grpc.reflection.v1.ServerReflection" in services
+
+
+def test_reflection_v1_answers_as_current_tools_ask_it(channel):
+    """grpcurl and buf curl ask `grpc.reflection.v1` first: list the services, then describe one, by raw path."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2 as r  # the v1 messages are the same on the wire
+
+    call = channel.stream_stream(
+        "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+        request_serializer=r.ServerReflectionRequest.SerializeToString,
+        response_deserializer=r.ServerReflectionResponse.FromString,
+    )
+    asks = [
+        r.ServerReflectionRequest(list_services=""),
+        r.ServerReflectionRequest(file_containing_symbol=SERVICE),
+        r.ServerReflectionRequest(file_containing_symbol="grpc.reflection.v1.ServerReflection"),
+    ]
+    listed, described, itself = list(call(iter(asks), timeout=TIMEOUT))
+    assert {s.name for s in listed.list_services_response.service} >= {
+        SERVICE,
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    }
+    files = [
+        descriptor_pb2.FileDescriptorProto.FromString(b)
+        for b in described.file_descriptor_response.file_descriptor_proto
+    ]
+    assert any(f.package == "streamtx.v1" and "StreamTx" in [x.name for x in f.service] for f in files)
+    v1 = descriptor_pb2.FileDescriptorProto.FromString(itself.file_descriptor_response.file_descriptor_proto[0])
+    assert v1.package == "grpc.reflection.v1" and v1.service[0].method[0].input_type == (
+        ".grpc.reflection.v1.ServerReflectionRequest"
+    )
 
 
 def test_reflection_describes_the_service(api):
