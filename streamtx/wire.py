@@ -7,10 +7,13 @@ Shared by the server (decode and check what producers send) and the client
 
 from __future__ import annotations
 
+import decimal
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from streamtx.errors import InvalidArgument
 from streamtx.v1 import streamtx_pb2 as pb
@@ -106,6 +109,9 @@ def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:
 
 
 def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
+    """The column's values as `field.type`, each exactly: a value that would be rounded is refused."""
+    if any(isinstance(v, float) for v in values):
+        values = [_exact_float(v, field, r, what) if isinstance(v, float) else v for r, v in enumerate(values)]
     try:
         return pa.array(values, type=field.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
@@ -117,6 +123,42 @@ def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
                     f"{what}: column {field.name!r} row {r}: value {v!r} is not a {field.type}"
                 ) from None
         raise
+
+
+_WHOLE = (pa.types.is_integer, pa.types.is_timestamp, pa.types.is_date, pa.types.is_time, pa.types.is_duration)
+
+
+def _exact_float(v: float, field: pa.Field, row: int, what: str) -> Any:
+    """A double of `Rows` as the column stores it without rounding, or InvalidArgument.
+
+    pyarrow truncates a double into an integer column (1.5 -> 1) and refuses it
+    for a decimal: a whole double is taken as its integer, a double as the
+    decimal its shortest repr spells (1.5 -> 1.5), whose scale must then fit.
+    """
+    kind = field.type
+    if any(test(kind) for test in _WHOLE):
+        if math.isfinite(v) and v == int(v):
+            return int(v)
+        raise InvalidArgument(
+            f"{what}: column {field.name!r} row {row}: value {v!r} is not a whole number, "
+            f"so it cannot be stored as {kind} without rounding"
+        )
+    if pa.types.is_decimal(kind):
+        if not math.isfinite(v):
+            raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is not a {kind}")
+        exact = decimal.Decimal(repr(v))
+        if int(exact.as_tuple().exponent) < -kind.scale:
+            raise InvalidArgument(
+                f"{what}: column {field.name!r} row {row}: value {v!r} has more than {kind.scale} "
+                f"decimal places, so it cannot be stored as {kind} without rounding"
+            )
+        return exact
+    if pa.types.is_float32(kind) and math.isfinite(v) and abs(v) > FLOAT32_MAX:
+        raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is out of range for {kind}")
+    return v
+
+
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _check_columns(names: Iterable[str], schema: pa.Schema, what: str) -> None:
@@ -147,7 +189,13 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
             arrays.append(col)
             continue
         try:
-            arrays.append(col.cast(field.type, safe=True))
+            if pa.types.is_integer(col.type) and pa.types.is_decimal(field.type):
+                # Arrow refuses int64 -> DECIMAL(10,2) outright (19 digits needed); through 38 digits
+                # each value is checked against the column's precision instead
+                col = col.cast(pa.decimal128(38, field.type.scale))
+            cast = col.cast(field.type, safe=True)
+            _check_exact(col, cast, field, what)
+            arrays.append(cast)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             values = col.to_pylist()
             for r, v in enumerate(values):
@@ -162,6 +210,27 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
                 f"{what}: column {field.name!r} of type {col.type} cannot be stored as {field.type}"
             ) from None
     return pa.table(arrays, schema=schema)
+
+
+def _check_exact(col: pa.ChunkedArray, cast: pa.ChunkedArray, field: pa.Field, what: str) -> None:
+    """Arrow's safe casts still round a float into a decimal (1.5 -> 2 at scale 0) or overflow it into a
+    narrower float (1e300 -> inf): such a value is refused, naming it, like a value that does not fit."""
+    if not pa.types.is_floating(col.type):
+        return
+    if pa.types.is_decimal(field.type):
+        back = cast.cast(col.type)
+    elif pa.types.is_floating(field.type) and field.type.bit_width < col.type.bit_width:
+        back = pc.if_else(pc.is_inf(cast), cast.cast(col.type), col)
+    else:
+        return
+    same = pc.or_kleene(pc.equal(back, col), pc.is_nan(col))
+    if pc.all(pc.fill_null(same, True)).as_py():
+        return
+    r = pc.index(same, False).as_py()
+    raise InvalidArgument(
+        f"{what}: column {field.name!r} row {r}: value {col[r].as_py()!r} of type {col.type} "
+        f"cannot be stored as {field.type} without rounding"
+    )
 
 
 def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
