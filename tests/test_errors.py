@@ -534,6 +534,41 @@ def test_deploy_syntax_error_carries_the_position_and_deploys_nothing(stub, scri
     assert catalog_names(stub) == before
 
 
+def nested(depth: int) -> str:
+    return "(" * depth + "1" + ")" * depth
+
+
+@pytest.mark.parametrize("depth", [50, 200, 256])
+def test_deeply_nested_sql_deploys_and_queries(stub, depth):
+    """Generated SQL nests deep: 50 levels answered INTERNAL (RecursionError); up to 256 compile and run."""
+    p = unique("deep")
+    deploy(
+        stub,
+        f"CREATE TABLE {p}t (x BIGINT); CREATE PROCEDURE {p}p AS BEGIN INSERT INTO {p}t SELECT {nested(depth)}; END;",
+    )
+    stub.Call(pb.CallRequest(procedure=f"{p}p"), timeout=CALL_TIMEOUT)
+    reply = stub.Query(pb.QueryRequest(sql=f"SELECT x + {nested(depth)} FROM {p}t"), timeout=CALL_TIMEOUT)
+    assert reply.result.arrow_ipc
+
+
+def test_sql_nested_past_the_limit_is_invalid_argument_and_changes_nothing(stub):
+    p = unique("deeper")
+    before = catalog_names(stub)
+    script = f"CREATE TABLE {p}t (x BIGINT);\nCREATE PROCEDURE {p}p AS BEGIN SELECT {nested(257)}; END;"
+    err = rpc_error(stub.Deploy, pb.DeployRequest(sql=script))
+    assert err.code() == SC.INVALID_ARGUMENT
+    assert_mentions(err.details(), f"{p}p", "parentheses nest 257 levels deep; at most 256")
+    assert catalog_names(stub) == before
+    err = rpc_error(stub.Query, pb.QueryRequest(sql=f"SELECT {nested(5000)}"))
+    assert err.code() == SC.INVALID_ARGUMENT and "depth" in err.details()  # DuckDB's parser: 1,000 levels
+    # parentheses inside literals and comments do not count
+    deploy(
+        stub,
+        f"CREATE TABLE {p}u (s VARCHAR); CREATE PROCEDURE {p}q AS BEGIN "
+        f"INSERT INTO {p}u SELECT '{'(' * 300}'; -- {'(' * 300}\nEND;",
+    )
+
+
 @pytest.fixture(scope="module")
 def base(stub) -> dict[str, Any]:
     """Objects every deploy-error case refers to: a table, a stream with a procedure, a window."""

@@ -25,6 +25,7 @@ from sqlglot import exp
 
 from streamtx.errors import InvalidArgument
 from streamtx.files import atomic_write
+from streamtx.server import sqltree
 from streamtx.server.catalog import ddl, eventkeys, placement
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
@@ -675,7 +676,7 @@ def create_statements(cat: Catalog) -> list[PhysicalStatement]:
 def referenced_tables(table_sql: str) -> frozenset[str]:
     """Tables a CREATE TABLE's FOREIGN KEYs point at (catalog spelling: unquoted names lower-cased)."""
     try:
-        tree = sqlglot.parse_one(table_sql, read="duckdb")
+        tree = sqltree.parse(table_sql)
     except sqlglot.errors.ParseError:
         return frozenset()  # DuckDB itself reports the statement when the schema is built
     names = set()
@@ -935,10 +936,9 @@ def _insert_casts(con: duckdb.DuckDBPyConnection, sql: str, params: dict[str, An
     DuckDB binds an INSERT's implicit casts lazily, so EXPLAIN alone accepts,
     say, a DATE into a BIGINT column; casting a typed NULL finds it at deploy.
     """
-    import sqlglot
     from sqlglot import exp
 
-    tree = sqlglot.parse_one(sql, read="duckdb")
+    tree = sqltree.parse(sql)
     if not isinstance(tree, exp.Insert) or tree.expression is None:
         return []
     schema = tree.this if isinstance(tree.this, exp.Schema) else None

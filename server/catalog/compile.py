@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from streamtx.errors import InvalidArgument
+from streamtx.server import sqltree
 
 BATCH_PARAM = "batch_id"  # `$batch_id`: the batch id (timestamp) of the running TE
 STREAM_SCHEMA = "streams"
@@ -84,7 +84,7 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
     """Rewrites one statement for `scope`; InvalidArgument names what is wrong."""
     where = f"{scope.owner}" + (f" (line {line})" if line else "")
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql, where)
     except ParseError as e:
         raise InvalidArgument(f"{where}: SQL syntax error: {_first_error(e)}: {sql!r}") from None
     if tree is None:
@@ -258,7 +258,7 @@ def _first_error(e: ParseError) -> str:
 def referenced_names(sql: str) -> set[str]:
     """Unqualified table names a statement mentions (used for graph edges and checks)."""
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql)
     except ParseError:
         return set()
     return {t.name for t in tree.find_all(exp.Table) if not t.db}

@@ -37,11 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
 from streamtx.errors import InvalidArgument
+from streamtx.server import sqltree
 from streamtx.server.catalog import eventkeys
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Access:
 def statement_access(sql: str, tables: set[str]) -> Access:
     """The user tables a statement reads and writes (by sqlglot's parse of the source)."""
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql)
     except ParseError:
         return Access()
     writes: set[str] = set()
@@ -230,7 +230,7 @@ def owned_insert(sql: str, cat: Catalog) -> str | None:
     only the rows whose key it owns, or every partition would hold them all.
     """
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql)
     except ParseError:
         return None
     if not isinstance(tree, exp.Insert) or tree.expression is None:

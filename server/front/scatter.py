@@ -19,6 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from streamtx.errors import InvalidArgument
+from streamtx.server import sqltree
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED
 from streamtx.server.front.partitions import HOME, Reply
@@ -66,7 +67,7 @@ async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
 
 def _relations(sql: str) -> list[tuple[str, str]]:
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql)
     except sqlglot.errors.ParseError:
         return []
     ctes = {c.alias_or_name for c in tree.find_all(exp.CTE)}

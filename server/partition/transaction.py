@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import Aborted, InvalidArgument, StreamTxError
+from streamtx.server import sqltree
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
     Compiled,
@@ -341,7 +342,7 @@ def _free_params(sql: str) -> set[str]:
     from sqlglot import exp
 
     try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
+        tree = sqltree.parse(sql)
     except sqlglot.errors.ParseError:
         return set()
     return {p.name for p in tree.find_all(exp.Placeholder) if p.name}
