@@ -19,11 +19,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamtx.server import reflection
 from streamtx.server.config import ServerConfig
+from streamtx.server.front import decoding
 from streamtx.server.front.front import Front
 from streamtx.server.front.service import StreamTxService
 from streamtx.server.launch import Launch
 from streamtx.v1 import streamtx_pb2 as pb
-from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
 
@@ -49,7 +49,7 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ]
         )
-        pb_grpc.add_StreamTxServicer_to_server(StreamTxService(self.front), self._grpc)
+        decoding.add_service(StreamTxService(self.front), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable(self._grpc, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         self.port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.port}")

@@ -534,6 +534,44 @@ def test_deploy_syntax_error_carries_the_position_and_deploys_nothing(stub, scri
     assert catalog_names(stub) == before
 
 
+def bad_utf8(message: Any, text: str) -> bytes:
+    """The message's bytes with `text` (3 bytes, in a string field) replaced by invalid UTF-8."""
+    raw = message.SerializeToString()
+    assert raw.count(text.encode()) == 1
+    return raw.replace(text.encode(), b"\xff\xfe\xfd")
+
+
+def test_a_request_with_invalid_utf8_is_invalid_argument_on_every_kind_of_call(srv, stub, sink):
+    raw = {"request_serializer": None, "response_deserializer": None}
+    with grpc.insecure_channel(srv.target) as ch:
+        for method, message in [
+            ("Deploy", pb.DeployRequest(sql="CREATE TABLE Zq9 (x INT);")),
+            ("Push", pb.PushRequest(stream="Zq9", producer_id="p", batch_id=1, data=arrow(good_row()))),
+            ("Query", pb.QueryRequest(sql="SELECT 'Zq9'")),
+            ("Subscribe", pb.SubscribeRequest(stream="Zq9")),
+        ]:
+            call = (ch.unary_stream if method == "Subscribe" else ch.unary_unary)(
+                f"/streamtx.v1.StreamTx/{method}", **raw
+            )
+            with pytest.raises(grpc.RpcError) as info:
+                result = call(bad_utf8(message, "Zq9"), timeout=CALL_TIMEOUT)
+                list(result) if method == "Subscribe" else result
+            assert info.value.code() == SC.INVALID_ARGUMENT, (method, info.value)
+            assert_mentions(info.value.details(), "cannot decode the request", "UTF-8", message.DESCRIPTOR.full_name)
+        # PushStream: the message before the bad one is acknowledged, then the stream ends INVALID_ARGUMENT
+        stream = ch.stream_stream("/streamtx.v1.StreamTx/PushStream", **raw)
+        good = pb.PushRequest(stream=sink.stream, producer_id="utf8", batch_id=1, data=arrow(good_row(7)))
+        bad = pb.PushRequest(stream=sink.stream, producer_id="Zq9", batch_id=1, data=arrow(good_row(8)))
+        acks = []
+        with pytest.raises(grpc.RpcError) as info:
+            for reply in stream(iter([good.SerializeToString(), bad_utf8(bad, "Zq9")]), timeout=CALL_TIMEOUT):
+                acks.append(pb.PushAck.FromString(reply))
+        assert info.value.code() == SC.INVALID_ARGUMENT and "UTF-8" in info.value.details()
+    assert [a.outcome for a in acks] in ([pb.COMMITTED], [])  # the good one's ack may be cut by the abort
+    assert sink.rows() == [(7, "x", 0.5)]
+    assert "zq9" not in {n.lower() for n in catalog_names(stub)}
+
+
 def nested(depth: int) -> str:
     return "(" * depth + "1" + ")" * depth
 

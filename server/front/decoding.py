@@ -1,0 +1,81 @@
+"""The StreamTx service on a gRPC server, with requests that fail to decode answered INVALID_ARGUMENT.
+
+The generated `add_StreamTxServicer_to_server` decodes each request before the
+servicer sees it, so a message protobuf cannot parse (a string field holding
+bad UTF-8, a truncated message) ended as UNKNOWN with a DecodeError. Here
+requests arrive as bytes and are decoded first thing in each call; what
+cannot be decoded ends the call with INVALID_ARGUMENT naming the message
+type and protobuf's reason (for PushStream: the stream, after the acks of
+the messages before it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError, Message
+
+from streamtx.v1 import streamtx_pb2 as pb
+
+SERVICE = pb.DESCRIPTOR.services_by_name["StreamTx"]
+
+
+def add_service(servicer: Any, server: grpc.aio.Server) -> None:
+    """Registers every StreamTx method of `servicer` on `server`, decoding requests itself."""
+    handlers = {}
+    for method in SERVICE.methods:
+        request = getattr(pb, method.input_type.name)
+        reply = getattr(pb, method.output_type.name)
+        behavior = getattr(servicer, method.name)
+        kind = (method.client_streaming, method.server_streaming)
+        factory, wrapped = _WRAPPERS[kind]
+        handlers[method.name] = factory(
+            wrapped(behavior, request), request_deserializer=None, response_serializer=reply.SerializeToString
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+
+
+async def _decode(kind: type[Message], raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    try:
+        return kind.FromString(raw)
+    except DecodeError as e:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"cannot decode the request: {e} (string fields must be UTF-8)",
+        )
+
+
+def _unary_unary(behavior: Callable, kind: type[Message]) -> Callable:
+    async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        return await behavior(await _decode(kind, raw, context), context)
+
+    return call
+
+
+def _unary_stream(behavior: Callable, kind: type[Message]) -> Callable:
+    async def call(raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async for reply in behavior(await _decode(kind, raw, context), context):
+            yield reply
+
+    return call
+
+
+def _stream_stream(behavior: Callable, kind: type[Message]) -> Callable:
+    async def call(raws: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        async def requests() -> AsyncIterator[Any]:
+            async for raw in raws:
+                yield await _decode(kind, raw, context)
+
+        async for reply in behavior(requests(), context):
+            yield reply
+
+    return call
+
+
+_WRAPPERS = {
+    (False, False): (grpc.unary_unary_rpc_method_handler, _unary_unary),
+    (False, True): (grpc.unary_stream_rpc_method_handler, _unary_stream),
+    (True, True): (grpc.stream_stream_rpc_method_handler, _stream_stream),
+}
