@@ -20,6 +20,10 @@ from streamtx.errors import InvalidArgument
 
 MAX_NESTING = 256
 """Deepest nesting of parentheses accepted in one statement."""
+MAX_SQL_BYTES = 256 * 1024
+"""Longest SQL text accepted (a deploy script, a query): parsing and checking a deploy costs
+~0.1 ms per list element on the front and again on every partition, so this bounds a deploy
+to a few seconds (a 40,000-element IN list)."""
 
 _FRAMES_PER_LEVEL = 40  # measured ~26 for parse + render; the rest is headroom for walks over the tree
 sys.setrecursionlimit(max(sys.getrecursionlimit(), 2_000 + MAX_NESTING * _FRAMES_PER_LEVEL))
@@ -29,6 +33,16 @@ def parse(sql: str, what: str = "SQL") -> exp.Expression:
     """`sqlglot.parse_one(sql)` in DuckDB's dialect; ParseError as sqlglot raises it."""
     check_nesting(sql, what)
     return sqlglot.parse_one(sql, read="duckdb")
+
+
+def check_size(sql: str, what: str) -> None:
+    """InvalidArgument if the text is longer than MAX_SQL_BYTES (in UTF-8)."""
+    size = len(sql.encode())
+    if size > MAX_SQL_BYTES:
+        raise InvalidArgument(
+            f"{what}: {size:,} bytes of SQL; at most {MAX_SQL_BYTES:,} are accepted "
+            "(split the script, or load long value lists into a table)"
+        )
 
 
 def check_nesting(sql: str, what: str = "SQL") -> None:

@@ -572,6 +572,23 @@ def test_a_request_with_invalid_utf8_is_invalid_argument_on_every_kind_of_call(s
     assert "zq9" not in {n.lower() for n in catalog_names(stub)}
 
 
+def test_sql_longer_than_the_limit_is_invalid_argument_and_changes_nothing(stub):
+    """A 300,000-element IN list took a minute to deploy, the front busy all along: SQL text is bounded."""
+    p = unique("long")
+    before = catalog_names(stub)
+    values = ", ".join(str(i) for i in range(60_000))  # ~400 KB
+    script = (
+        f"CREATE TABLE {p}t (x BIGINT); CREATE PROCEDURE {p}p AS BEGIN SELECT x FROM {p}t WHERE x IN ({values}); END;"
+    )
+    err = rpc_error(stub.Deploy, pb.DeployRequest(sql=script))
+    assert err.code() == SC.INVALID_ARGUMENT
+    assert_mentions(err.details(), "deploy:", f"{len(script):,} bytes of SQL; at most 262,144")
+    assert catalog_names(stub) == before
+    err = rpc_error(stub.Query, pb.QueryRequest(sql=f"SELECT 1 WHERE 1 IN ({values})"))
+    assert err.code() == SC.INVALID_ARGUMENT and "query:" in err.details() and "at most 262,144" in err.details()
+    deploy(stub, script.replace(values, ", ".join(str(i) for i in range(5_000))))  # ~30 KB deploys
+
+
 def nested(depth: int) -> str:
     return "(" * depth + "1" + ")" * depth
 

@@ -24,6 +24,7 @@ from streamtx.errors import (
     ResourceExhausted,
     StreamTxError,
 )
+from streamtx.server import sqltree
 from streamtx.server.catalog.catalog import Catalog, create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
@@ -103,6 +104,7 @@ class Front:
 
     # ------------------------------------------------------------------ deploy
     async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        sqltree.check_size(script, "deploy")
         async with self._deploy_lock:
             new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
             install = {"op": "install", "catalog": new.to_json(), "ddl": ddl}
@@ -314,6 +316,7 @@ class Front:
 
     # ------------------------------------------------------------------- query
     async def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
+        sqltree.check_size(sql, "query")
         check_read_only(self.parser, sql)
         self.counters["queries"] += 1
         return await scatter.query(self, sql, params)
