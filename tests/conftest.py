@@ -34,3 +34,16 @@ def client(server):
 
     with Client(server.target) as c:
         yield c
+
+
+def drop_all(client) -> None:
+    """Drops every object the server holds (triggers first, tables last), so a module-scoped server
+    can be deployed afresh for each test."""
+    status = client.status()
+    drops = [
+        f"DROP {kind.upper()} {name};"
+        for kind in ("trigger", "procedure", "window", "stream", "table")
+        for name in status.get(kind + "s", [])
+    ]
+    if drops:
+        client.deploy("\n".join(drops))

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from conftest import drop_all
 
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument
@@ -55,10 +56,7 @@ def client(srv) -> Iterator[tuple[Client, list[int]]]:
     """The app freshly deployed, and two keys on different partitions (when there are two)."""
     s, partitions = srv
     with Client(s.target) as c:
-        status = c.status()
-        drops = [f"DROP {k.upper()} {n};" for k in ("procedure", "stream", "table") for n in status.get(k + "s", [])]
-        if drops:
-            c.deploy("\n".join(drops))
+        drop_all(c)
         c.deploy(APP)
         yield c, keys_on_each(partitions)
 

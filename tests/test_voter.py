@@ -15,7 +15,7 @@ import uuid
 
 import pyarrow as pa
 import pytest
-from conftest import PARTITION_COUNTS
+from conftest import PARTITION_COUNTS, drop_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,14 +39,7 @@ def voter_server(request, tmp_path_factory):
 def fresh_app(target: str, config: VoterConfig, mode: str = "dataflow") -> None:
     """Drops whatever the server holds, then deploys and sets up the voter."""
     with Client(target) as c:
-        status = c.status()
-        drops = [
-            f"DROP {kind.upper()} {name};"
-            for kind in ("trigger", "procedure", "window", "stream", "table")
-            for name in status.get(kind + "s", [])
-        ]
-        if drops:
-            c.deploy("\n".join(drops))
+        drop_all(c)
         c.deploy(deploy_script(config, mode))
         c.call("setup", **setup_params(config))
 
