@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from conftest import drop_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,23 +62,12 @@ def servers(request, tmp_path_factory) -> Targets:
             list(pool.map(EmbeddedServer.close, srvs.values()))
 
 
-def drop_everything(target: str) -> None:
-    with Client(target) as c:
-        status = c.status()
-        drops = [
-            f"DROP {kind.upper()} {name};"
-            for kind in ("trigger", "procedure", "window", "stream", "table")
-            for name in status.get(kind + "s", [])
-        ]
-        if drops:
-            c.deploy("\n".join(drops))
-
-
 def run_everywhere(
     servers: dict[Config, str], workload: ModuleType, events: pa.Table, batch_size: int, records: int
 ) -> dict[Config, common.RunResult]:
     def one(cfg: Config) -> common.RunResult:
-        drop_everything(servers[cfg])
+        with Client(servers[cfg]) as c:
+            drop_all(c)
         return common.run_on_server(workload, servers[cfg], events, batch_size, records)
 
     with ThreadPoolExecutor(len(servers)) as pool:

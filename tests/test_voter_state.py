@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from conftest import drop_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -37,14 +38,7 @@ def state_server(request, tmp_path_factory) -> Iterator[EmbeddedServer]:
 
 def fresh_app(c: Client, config: VoterConfig) -> None:
     """Drops whatever the server holds, then deploys the state mode and sets it up."""
-    status = c.status()
-    drops = [
-        f"DROP {kind.upper()} {name};"
-        for kind in ("trigger", "procedure", "window", "stream", "table")
-        for name in status.get(kind + "s", [])
-    ]
-    if drops:
-        c.deploy("\n".join(drops))
+    drop_all(c)
     c.deploy(deploy_script(config, "state"))
     c.call("setup", **setup_params(config))
 

@@ -277,13 +277,8 @@ class Coordinator:
         push: dict[str, Any] | None,
     ) -> None:
         """A unit of a one-transaction command aborted: undo everything; reject, fail the call, or run again."""
-        group = st.group
-        if group is not None:
-            reason = f"transaction group {group} undone: {reason}"
         undone = [u for _, u in st.instance]
-        rejection = None
-        if any(u.entry for u in undone) and push is not None:
-            rejection = [push["producer"], push["stream"], push["batch_id"], code, reason]
+        reason, rejection = _undone(st.group, code, reason, push if any(u.entry for u in undone) else None)
         await self.decide(parts | st.parts, False, ts, rejection=rejection)
         st.stopped = True
         if rejection is not None:
@@ -336,18 +331,13 @@ class Coordinator:
         push: dict[str, Any] | None,
     ) -> None:
         group = st.group if st.group is not None else unit.group
-        if group is not None:
-            reason = f"transaction group {group} undone: {reason}"
         undone_entry = unit.entry or (st.group is not None and st.group_mark is not None)
-        involved = parts | st.group_parts
-        rejection = None
-        if undone_entry and push is not None:
-            rejection = [push["producer"], push["stream"], push["batch_id"], code, reason]
-        await self.decide(involved, False, ts, rejection=rejection)
+        reason, rejection = _undone(group, code, reason, push if undone_entry else None)
+        await self.decide(parts | st.group_parts, False, ts, rejection=rejection)
         st.group, st.group_parts, st.group_mark = None, set(), None
         if group is not None:
             st.pending = [u for u in st.pending if u.origin_group != group]
-        if undone_entry and push is not None:
+        if rejection is not None:
             st.outcome = _outcome("rejected", ts, code, reason)
             st.emitted = set()
             st.pending = []
@@ -445,6 +435,15 @@ def _merge(parts: list[pa.Table]) -> pa.Table:
         return parts[0]
     rows = pa.concat_tables(parts)
     return rows.sort_by([(c, "ascending") for c in rows.column_names])
+
+
+def _undone(group: str | None, code: int, reason: str, push: dict[str, Any] | None) -> tuple[str, list[Any] | None]:
+    """An abort's reason as reported (naming the undone group) and, if `push`'s batch is undone with it,
+    the rejection the partitions record for its id."""
+    if group is not None:
+        reason = f"transaction group {group} undone: {reason}"
+    rejection = None if push is None else [push["producer"], push["stream"], push["batch_id"], code, reason]
+    return reason, rejection
 
 
 def _outcome(outcome: str, ts: int, code: int = 0, reason: str = "") -> dict[str, Any]:
