@@ -40,6 +40,8 @@ class ServerConfig:
     # trimmed in steps of a tenth, so between N and 1.1 N of the latest batches are held
     order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
     bins: int = 1024
+    max_restarts: int = 5  # worker restarts (front/supervisor.py) allowed per restart window; one more stops the server
+    restart_window_s: float = 60.0
     durability: str = "strong"  # strong | weak | off: what the command log holds (server/partition/journal.py)
     group_commit_ms: float = 2.0  # log records become durable together, at most this long after the first
     checkpoint_every_s: float = 0.0  # periodic online checkpoints (0: only on demand)
@@ -66,6 +68,10 @@ class ServerConfig:
             raise ValueError("--interval-ms must be >= 0")
         if self.group_commit_ms < 0:
             raise ValueError(f"--group-commit-ms must be >= 0 (0: no group commit), got {self.group_commit_ms}")
+        if self.max_restarts < 0:
+            raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if self.restart_window_s <= 0:
+            raise ValueError(f"--restart-window must be > 0, got {self.restart_window_s}")
         if self.max_batch_rows < 1:
             raise ValueError("--max-batch-rows must be >= 1")
         if self.staging_max_bytes < 1:

@@ -38,6 +38,9 @@ class Server:
         self.port = 0
         self._grpc: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        self._stop = asyncio.Event()
+        self.front.supervisor.on_health = self._serving
+        self.front.supervisor.on_fatal = lambda _: self._stop.set()
 
     async def start(self) -> None:
         await self.front.start()
@@ -67,8 +70,15 @@ class Server:
             await self._grpc.stop(grace)
         await self.front.stop()
 
+    def _serving(self, serving: bool) -> None:
+        """Health follows the partitions: NOT_SERVING while they are restarted (front/supervisor.py)."""
+        status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", SERVICE_NAME):
+            asyncio.ensure_future(self._health.set(name, status))
+
     async def run_until_signalled(self) -> None:
-        stop = asyncio.Event()
+        """Serves until SIGTERM/SIGINT, or until the partitions cannot be kept running (SystemExit then)."""
+        stop = self._stop
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
@@ -78,20 +88,14 @@ class Server:
             f"({self.config.partitions} partition(s), data in {self.config.data_dir})",
             flush=True,
         )
-        dead = asyncio.create_task(self._watch_partitions())
         periodic = asyncio.create_task(self.front.checkpoint_periodically())
         await stop.wait()
-        dead.cancel()
         periodic.cancel()
         print("streamtx: shutting down", file=sys.stderr, flush=True)
         await self.stop()
-
-    async def _watch_partitions(self) -> None:
-        """Health goes NOT_SERVING when a partition dies (requests already fail fast)."""
-        while True:
-            await asyncio.sleep(0.5)
-            if any(not p.alive for p in self.front.partitions.all):
-                await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.NOT_SERVING)
+        failure = self.front.supervisor.failure
+        if failure is not None:
+            raise SystemExit(f"streamtx: stopped: {failure}")
 
 
 def serve(config: ServerConfig, launched: Launch | None = None) -> None:

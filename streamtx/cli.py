@@ -252,6 +252,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds after which staged rows never committed are dropped (default %(default)s)",
     )
     p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=defaults.max_restarts,
+        help="restarts of the partition workers (after one died) allowed within --restart-window; "
+        "one more stops the server (default %(default)s)",
+    )
+    p.add_argument(
+        "--restart-window",
+        type=float,
+        default=defaults.restart_window_s,
+        help="seconds over which --max-restarts counts (default %(default)s)",
+    )
+    p.add_argument(
         "--order-timeout",
         type=float,
         default=defaults.order_timeout_s,
@@ -657,6 +670,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         max_in_flight=args.max_in_flight,
         stream_retention=args.stream_retention,
         order_timeout_s=args.order_timeout,
+        max_restarts=args.max_restarts,
+        restart_window_s=args.restart_window,
         staging_max_bytes=args.staging_max_bytes,
         staging_ttl_s=args.staging_ttl,
         bins=args.bins,

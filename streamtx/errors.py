@@ -72,6 +72,12 @@ class Internal(StreamTxError):
     code = grpc.StatusCode.INTERNAL
 
 
+class DataLoss(StreamTxError):
+    """What was done is known, but its result is not: a call that committed while its answer was lost."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 _BY_CODE: dict[grpc.StatusCode, type[StreamTxError]] = {
     cls.code: cls
     for cls in (
@@ -87,6 +93,7 @@ _BY_CODE: dict[grpc.StatusCode, type[StreamTxError]] = {
         Unavailable,
         DeadlineExceeded,
         Internal,
+        DataLoss,
     )
 }
 
@@ -102,3 +109,8 @@ def error_for(code: grpc.StatusCode | int, message: str) -> StreamTxError:
     if cls is StreamTxError:
         err.code = code
     return err
+
+
+FAULTS = (Unavailable, Internal, DataLoss)
+"""The server's own failures. Never a batch's rejection: a push that meets one is answered
+with that status, not a REJECTED ack, and the client sends it again."""

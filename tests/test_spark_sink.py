@@ -4,7 +4,8 @@
   fails once (its partial staging is discarded), while the query is stopped and
   restarted from its checkpoint — including from the worst point, the batch
   applied in streamtx but not yet in Spark's commit log — and while a commit's
-  acknowledgement is lost (the re-sent commit is answered DUPLICATE). The final
+  acknowledgement is lost (the re-sent commit is answered DUPLICATE), and while
+  a partition worker is killed three times under the running query. The final
   tables equal those of the same input applied once.
 - Batch sink: a DataFrame is one atomic batch, or batches of a chosen size in order.
 - Options are checked on the driver before any row moves: unknown stream,
@@ -13,6 +14,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -202,3 +205,29 @@ def test_options_are_checked_on_the_driver_before_any_data_moves(spark, srv, app
         q.awaitTermination(120)
     assert counter(c, "staged_chunks") == staged
     assert tables(c, p) == ([], 0, 0)
+
+
+def test_stream_sink_rides_through_three_worker_deaths_exactly_once(spark, tmp_path):
+    """A worker of a 2-partition server is killed three times while the query runs; it never stops."""
+    p = unique("w")
+    app = counting_app(p)
+    for table in (
+        f"{p}_in (id BIGINT, k INTEGER, v BIGINT)",
+        f"{p}_totals (k INTEGER PRIMARY KEY, n BIGINT, s BIGINT)",
+    ):
+        app = app.replace(table, f"{table} PARTITION BY (k)")  # micro-batches span both partitions
+    src, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    rows = write_json_files(src, 1, 12, 300)
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(app)
+        q = start_query(spark, src, ckpt, srv.target, f"{p}_in")
+        for i, at in enumerate((1, 4, 7)):
+            while (q.lastProgress or {}).get("batchId", -1) < at:
+                assert q.isActive, q.exception()
+                q.awaitTermination(0.05)
+            os.kill(c.status()["partitions"][i % 2]["pid"], signal.SIGKILL)
+        q.processAllAvailable()
+        assert q.isActive and q.exception() is None
+        q.stop()
+        assert tables(c, p) == (expected_totals(rows), len(rows), len(rows))
+        assert counter(c, "restarts") == 3

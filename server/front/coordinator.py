@@ -25,15 +25,16 @@ rolled back and the command runs again without it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from streamtx.errors import error_for
+from streamtx.errors import DataLoss, error_for
 from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
 from streamtx.server.front import exchange
-from streamtx.server.front.partitions import HOME, checked
+from streamtx.server.front.partitions import HOME, Restarted, checked
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
@@ -93,7 +94,11 @@ class Coordinator:
         push = {"producer": producer, "stream": stream, "batch_id": batch_id}
         mark = [producer, stream, batch_id]
         one = cat.reaches_each_row([stream])
-        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, push, None, mark))
+
+        async def finished() -> _State:
+            return _State(await self.front.finished_outcome(stream, producer, batch_id, ts))
+
+        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, push, None, mark), ts, finished)
         self.front.counters[st.outcome["outcome"]] += 1
         self.front.counters["coordinated"] += 1
         for s in st.emitted:
@@ -104,7 +109,14 @@ class Coordinator:
         cat = self.front.catalog
         unit = Unit([procedure], None, None, group=cat.group_of(procedure))
         one = cat.reaches_each_row(sorted(cat.emitted_by(procedure)))
-        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params, None))
+
+        async def finished() -> _State:
+            raise DataLoss(
+                f"call {procedure}: it committed (timestamp {ts}), but a partition worker died before the "
+                "result came back; its result rows are lost, and it was not run again"
+            )
+
+        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params, None), ts, finished)
         if "error" in st.outcome:
             code, reason = st.outcome["error"]
             raise error_for(code, reason)
@@ -114,8 +126,15 @@ class Coordinator:
         return st.outcome, st.results
 
     # ----------------------------------------------------------- execution
-    async def _attempts(self, one_transaction: bool, execute: Any) -> _State:
-        """Runs the command, again without each interior unit that aborted (one-transaction commands)."""
+    async def _attempts(
+        self, one_transaction: bool, execute: Any, ts: int, finished: Callable[[], Awaitable[_State]]
+    ) -> _State:
+        """Runs the command, again without each interior unit that aborted (one-transaction commands).
+
+        If the partitions were restarted under it (front/supervisor.py), it is
+        either done (its DONE record made it: `finished` says how it ended) or
+        undone everywhere, and runs again from the start.
+        """
         skip: dict[_Key, str | None] = {}
         while True:
             st = _State(_outcome("committed", 0), one_transaction=one_transaction, skip=skip)
@@ -123,6 +142,11 @@ class Coordinator:
                 await execute(st)
             except _Rerun as again:
                 skip = {**skip, **again.skip}
+                continue
+            except Restarted:
+                await self.front.supervisor.recovered()
+                if ts in self.front.supervisor.done:
+                    return await finished()
                 continue
             return st
 
@@ -138,8 +162,8 @@ class Coordinator:
         st.outcome["ts"] = ts
         try:
             await self._run_units(st, pending, ts, push, params, mark)
-        except _Rerun:
-            raise  # every partition undid its part already
+        except (_Rerun, Restarted):
+            raise  # every partition undid its part already (or was restarted without it)
         except BaseException:
             await self.undo_everywhere(ts)
             raise

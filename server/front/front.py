@@ -23,6 +23,7 @@ from streamtx.errors import (
     NotFound,
     ResourceExhausted,
     StreamTxError,
+    Unavailable,
 )
 from streamtx.server import sqltree
 from streamtx.server.catalog.catalog import Catalog, create_statements
@@ -35,6 +36,7 @@ from streamtx.server.front.gate import Gate
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
+from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.launch import Launch, launch
 from streamtx.server.partitioning import PartitionMap
 from streamtx.server.pyproc import ProcedureLoader
@@ -59,6 +61,7 @@ class Front:
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
         self.coordinator = Coordinator(self)
+        self.supervisor = Supervisor(self)
         spans = config.executor == "opchain" and config.partitions > 1
         self.gate = Gate(Spans(self).run if spans else None, config.interval_size)
 
@@ -73,31 +76,37 @@ class Front:
         )
         self.map.owners(pa.array([0, None], pa.int64()))  # loads the hash's Arrow kernels now, not on a push
         await self.partitions.attach(launched.workers)
-        await self._recover()
-        ddl = [s.sql for s in create_statements(self.catalog)]
-        await self.partitions.broadcast(
-            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json(), "startup": True}
-        )
-        for reply, _ in await self.partitions.broadcast({"op": "marks"}):
-            self.sequencer.load_marks(reply["marks"], reply["last_ts"])
+        self.supervisor.watch(await self.recover())
 
-    async def _recover(self) -> None:
-        """Every partition recovers from the same global checkpoint and the same finished-command set.
+    async def recover(self) -> set[int]:
+        """Brings just started workers to the state the logs hold; returns the coordinated commands done.
 
-        The checkpoint is the newest one every partition completed (one
-        interrupted anywhere is never used); coordinated commands count as
-        finished only if the home partition logged their DONE record, which
-        names them by timestamp: so timestamps continue after the highest one
-        any log holds, skipped commands included, and are never given twice.
+        Every partition recovers from the same global checkpoint and the same
+        finished-command set. The checkpoint is the newest one every partition
+        completed (one interrupted anywhere is never used); coordinated
+        commands count as finished only if the home partition logged their
+        DONE record, which names them by timestamp: so timestamps continue
+        after the highest one any log holds, skipped commands included, and
+        are never given twice.
         """
         infos = [r for r, _ in await self.partitions.broadcast({"op": "recovery_info"})]
         self.sequencer.last_ts = max([self.sequencer.last_ts, *(i["last_ts"] for i in infos)])
         common = set.intersection(*(set(i["checkpoints"]) for i in infos)) if infos else set()
         chosen = max(common) if common else None
         await self.partitions.broadcast({"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]})
+        ddl = [s.sql for s in create_statements(self.catalog)]
+        await self.partitions.broadcast(
+            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json(), "startup": True}
+        )
+        for reply, _ in await self.partitions.broadcast({"op": "marks"}):
+            self.sequencer.load_marks(reply["marks"], reply["last_ts"])
+        return set(infos[HOME]["done"])
 
     async def stop(self) -> None:
+        self.supervisor.unwatch()
         await self.partitions.stop()
+        for p in self.partitions.all:
+            p.fail_all(Unavailable("the server is shutting down"))
         if self._lock_file is not None:
             self._lock_file.close()
         self.parser.close()
@@ -162,8 +171,26 @@ class Front:
 
         The id was dispatched, so the batch was taken (committed or rejected)
         by whichever partitions its first rows went to; every partition is
-        asked, in order behind the original, and the one that rejected it
-        says so. Nothing runs: the rows of a re-send are never looked at.
+        asked, in order behind the original. Nothing runs: the rows of a
+        re-send are never looked at.
+        """
+        out: asyncio.Future = asyncio.get_running_loop().create_future()
+
+        def finish(original: asyncio.Future) -> None:
+            if original.exception() is not None:
+                out.set_exception(original.exception())
+                return
+            self.counters["duplicate"] += 1
+            out.set_result(original.result())
+
+        self.gate.run(lambda: self.original(stream, producer, batch_id)).add_done_callback(finish)
+        return out
+
+    def original(self, stream: str, producer: str, batch_id: int) -> asyncio.Future:
+        """The DUPLICATE outcome of a batch taken before, from every partition (sent now, not through the gate).
+
+        The partition that rejected it says so; else it committed, at the
+        latest timestamp a partition knows for it.
         """
         header = {"op": "original", "producer": producer, "stream": stream, "batch_id": batch_id}
         out: asyncio.Future = asyncio.get_running_loop().create_future()
@@ -176,11 +203,17 @@ class Front:
                 return
             rejected = [k for k in known if k["original"] == "rejected"]
             original = rejected[0] if rejected else max(known, key=lambda k: k["ts"])
-            self.counters["duplicate"] += 1
             out.set_result({**original, "emitted": [], "tes": 0, "aborted_tes": []})
 
-        self.gate.run(lambda: self._send_all(header)).add_done_callback(finish)
+        self._send_all(header).add_done_callback(finish)
         return out
+
+    async def finished_outcome(self, stream: str, producer: str, batch_id: int, ts: int) -> dict[str, Any]:
+        """The outcome of a batch whose command finished just before the partitions were restarted."""
+        original = await self.original(stream, producer, batch_id)
+        for s in self.catalog.streams:  # what it emitted is not known: subscribers look again
+            self.notify(s)
+        return {**original, "outcome": original["original"], "ts": ts}
 
     def reject(self, stream: str, producer: str, batch_id: int, error: StreamTxError) -> asyncio.Future:
         """Takes a well-addressed batch whose rows are bad as rejected, in its place in the order.
@@ -387,14 +420,19 @@ class Front:
 
     # ------------------------------------------------------------------ status
     async def status(self) -> dict[str, Any]:
-        """The front's counters, and each live partition's as `partition<i>.<counter>`."""
+        """The front's counters, and each live partition's as `partition<i>.<counter>`.
+
+        While the partitions are being restarted, only the front's (it answers at once).
+        """
         counters = dict(self.counters)
-        live = [p for p in self.partitions.all if p.alive]
-        replies = await self.gate.run(
-            lambda: asyncio.ensure_future(
-                asyncio.gather(*(p.send({"op": "status"}) for p in live), return_exceptions=True)
+        live = [p for p in self.partitions.all if p.alive] if self.supervisor.serving else []
+        replies = []
+        if live:
+            replies = await self.gate.run(
+                lambda: asyncio.ensure_future(
+                    asyncio.gather(*(p.send({"op": "status"}) for p in live), return_exceptions=True)
+                )
             )
-        )
         for p, reply in zip(live, replies, strict=True):
             if isinstance(reply, BaseException) or not reply[0].get("ok"):
                 continue
@@ -408,7 +446,7 @@ class Front:
                     "pid": p.pid,
                     "alive": p.alive,
                     "queued": p.queued,
-                    "error": p.error or "",
+                    "error": p.error or ("" if self.supervisor.serving else "being restarted"),
                 }
             )
         return {

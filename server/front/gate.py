@@ -38,6 +38,7 @@ class _Waiting:
 class Gate:
     def __init__(self, span_runner: SpanRunner | None = None, span_limit: int = 1) -> None:
         self._busy = False
+        self._held = False  # the partitions are being restarted (front/supervisor.py)
         self._waiting: collections.deque[_Waiting] = collections.deque()
         self.span_runner = span_runner
         self.span_limit = span_limit
@@ -46,9 +47,18 @@ class Gate:
     def waiting(self) -> int:
         return len(self._waiting)
 
+    def hold(self) -> None:
+        """Requests made from now on wait (in order) until `resume`; a running coordinated command goes on."""
+        self._held = True
+
+    def resume(self) -> None:
+        self._held = False
+        if not self._busy:
+            self._release(None)
+
     def run(self, start: Start, item: Any = None) -> asyncio.Future:
         """Sends now (`start` writes to partition queues synchronously) or after the coordinated command."""
-        if not self._busy:
+        if not self._busy and not self._held:
             return _started(start)
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(False, start, fut, item))
@@ -58,7 +68,7 @@ class Gate:
         """Runs the coroutine alone (or `item` in a span): requests made after it wait until it ends."""
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         waiting = _Waiting(True, start, fut, item)
-        if not self._busy:
+        if not self._busy and not self._held:
             self._launch(waiting)
         else:
             self._waiting.append(waiting)
@@ -77,9 +87,9 @@ class Gate:
             task.add_done_callback(lambda t: _settle(t, span))
         task.add_done_callback(self._release)
 
-    def _release(self, _: asyncio.Future) -> None:
+    def _release(self, _: asyncio.Future | None) -> None:
         self._busy = False
-        while self._waiting and not self._busy:
+        while self._waiting and not self._busy and not self._held:
             waiting = self._waiting.popleft()
             if waiting.coordinated:
                 self._launch(waiting)

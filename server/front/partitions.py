@@ -2,9 +2,17 @@
 
 Each worker is a real OS process (`python -m streamtx.server.partition.worker`)
 connected by a Unix socket pair. Requests are written in the order they are
-made (so in timestamp order) and answered in that order. If a worker dies, its
-pending and future requests fail at once with UNAVAILABLE naming the partition
-and its exit status: a client never hangs on a dead partition.
+made (so in timestamp order).
+
+When a worker dies while the front supervises it (front/supervisor.py), the
+requests it had not answered are held, not failed: once a new worker has
+recovered, `replay` sends them again, in their order, marked `again`, so the
+worker can tell one its predecessor applied (and made durable) from one it
+must run. Steps of a multi-round command (`COMMAND_STEPS`) are not sent again:
+they fail with `Restarted`, and the command's runner starts it over. Without
+supervision (start-up, shutdown), requests fail at once with UNAVAILABLE
+naming the partition and its exit status: a client never hangs on a dead
+partition.
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ import itertools
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -26,6 +36,21 @@ from streamtx.server.launch import Spawned
 Reply = tuple[dict[str, Any], list[pa.Table]]
 HOME = 0
 """The home partition: single tables, windows of single procedures, and the DONE log live there."""
+COMMAND_STEPS = frozenset({"fragment", "decide", "done", "state_read", "span"})
+"""Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
+_DEDUPED = frozenset({"push", "reject"})
+
+
+class Restarted(Unavailable):
+    """The partitions were restarted under a multi-round command: run it again (or find it done)."""
+
+
+@dataclass
+class _Request:
+    fut: asyncio.Future[Reply]
+    header: dict[str, Any]
+    tables: list[pa.Table]
+    again: bool = False
 
 
 class Partition:
@@ -34,10 +59,13 @@ class Partition:
         self.proc: subprocess.Popen | None = None
         self.error: str | None = None
         self._ids = itertools.count(1)
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._pending: dict[int, _Request] = {}
+        self._held: dict[int, _Request] = {}  # unanswered by a worker that died, to replay
         self._writer: asyncio.StreamWriter | None = None
         self._outbox: list[Frame] = []
         self._reader_task: asyncio.Task | None = None
+        self.hold_on_exit = False  # supervised: a death holds the unanswered requests
+        self.on_death: Callable[[Partition], None] | None = None
 
     @property
     def pid(self) -> int:
@@ -49,27 +77,68 @@ class Partition:
 
     @property
     def queued(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._held)
 
     async def attach(self, spawned: Spawned) -> None:
         """Takes over a started worker (launch.py) and reads its replies from now on."""
         self.proc = spawned.proc
+        self.error = None
         reader, self._writer = await asyncio.open_unix_connection(sock=spawned.sock, limit=1 << 24)
         self._reader_task = asyncio.create_task(self._read_replies(reader), name=f"partition-{self.index}")
 
     def send(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> asyncio.Future[Reply]:
         """Queues a request now (call order = execution order); the future is its reply."""
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        req = _Request(fut, header, tables or [])
         if not self.alive or self._writer is None:
-            fut.set_exception(Unavailable(self._dead_message()))
+            if self.hold_on_exit:  # being restarted: sent to the next worker (or failed: `replay`)
+                self._held[next(self._ids)] = req
+            else:
+                fut.set_exception(Unavailable(self._dead_message()))
             return fut
-        rid = next(self._ids)
-        header = dict(header, id=rid)
-        self._pending[rid] = fut
+        self._write(next(self._ids), req)
+        return fut
+
+    def _write(self, rid: int, req: _Request) -> None:
+        self._pending[rid] = req
         if not self._outbox:  # one write (one syscall) for all frames sent in this loop iteration
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append((header, tables or []))
-        return fut
+        header = dict(req.header, id=rid, again=True) if req.again else dict(req.header, id=rid)
+        self._outbox.append((header, req.tables))
+
+    def replay(self) -> int:
+        """Sends the requests a dead worker left unanswered to this (recovered) one, in their order.
+
+        Returns how many were sent; command steps fail with `Restarted` instead.
+        """
+        held, self._held = self._held, {}
+        sent = 0
+        for rid in sorted(held):
+            req = held[rid]
+            if req.fut.done():
+                continue
+            if req.header.get("op") in COMMAND_STEPS:
+                req.fut.set_exception(Restarted(f"partition {self.index} was restarted during this command"))
+                continue
+            req.again = True
+            self._write(rid, req)
+            sent += 1
+        return sent
+
+    def hold(self) -> None:
+        """Keeps the unanswered requests for `replay`; nothing queued is written to the dead worker."""
+        self._held.update(self._pending)
+        self._pending.clear()
+        self._outbox.clear()
+
+    def fail_all(self, error: Exception) -> None:
+        """Every request waiting on this partition, held or pending, fails with `error`."""
+        for req in [*self._held.values(), *self._pending.values()]:
+            if not req.fut.done():
+                req.fut.set_exception(error)
+        self._held.clear()
+        self._pending.clear()
+        self._outbox.clear()
 
     def _flush(self) -> None:
         frames, self._outbox = self._outbox, []
@@ -86,9 +155,9 @@ class Partition:
             if frame is None:
                 break
             for header, tables in unpack(frame):
-                fut = self._pending.pop(header["id"], None)
-                if fut is not None and not fut.done():
-                    fut.set_result((header, tables))
+                req = self._pending.pop(header["id"], None)
+                if req is not None and not req.fut.done():
+                    req.fut.set_result((_as_original(req, header), tables))
         await self._on_exit()
 
     async def _on_exit(self) -> None:
@@ -102,11 +171,17 @@ class Partition:
         if self.error is None:
             self.error = self._death(code)
             print(f"streamtx: {self.error}", file=sys.stderr, flush=True)
-        err = Unavailable(self._dead_message())
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(err)
-        self._pending.clear()
+        if self.hold_on_exit:
+            self.hold()
+        else:  # what it held from a dead predecessor stays for the next one
+            error = Unavailable(self._dead_message())
+            for req in self._pending.values():
+                if not req.fut.done():
+                    req.fut.set_exception(error)
+            self._pending.clear()
+            self._outbox.clear()
+        if self.on_death is not None:
+            self.on_death(self)
 
     def _dead_message(self) -> str:
         if self.error is None and self.proc is not None and self.proc.poll() is not None:
@@ -118,25 +193,47 @@ class Partition:
         return f"partition {self.index} (pid {self.pid}) died: {how}"
 
     async def stop(self, timeout: float = 5.0) -> None:
+        """Asks the worker to finish what it was sent and exit (log flushed, replies read); kills it after `timeout`."""
         if self.proc is None:
             return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         if self.alive and self._writer is not None:
+            self._flush()
             self.error = f"partition {self.index} is shutting down"
             try:
                 self._writer.write(encode({"op": "shutdown", "id": 0}))
                 await self._writer.drain()
             except (ConnectionError, RuntimeError):
                 pass
-        if self._writer is not None:
-            self._writer.close()
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.proc.poll() is None and asyncio.get_running_loop().time() < deadline:
+        if self._reader_task is not None:
+            try:  # its last replies, then end of stream
+                await asyncio.wait_for(asyncio.shield(self._reader_task), timeout)
+            except TimeoutError:
+                pass
+        while self.proc.poll() is None and loop.time() < deadline:
             await asyncio.sleep(0.02)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+        if self._writer is not None:
+            self._writer.close()
         if self._reader_task is not None:
             self._reader_task.cancel()
+        if self.hold_on_exit:
+            self.hold()
+
+
+def _as_original(req: _Request, reply: dict[str, Any]) -> dict[str, Any]:
+    """A replayed batch the dead worker had taken: the outcome it had then, not DUPLICATE.
+
+    The front sends a push (or rejection) to a partition only for a batch id
+    never seen before, so a replay answered DUPLICATE was applied by the worker
+    that died, durably, just before it could answer.
+    """
+    if not (req.again and req.header.get("op") in _DEDUPED and reply.get("outcome") == "duplicate"):
+        return reply
+    return {**reply, "outcome": reply["original"], "ts": req.header["ts"], "emitted": [], "tes": 0, "aborted_tes": []}
 
 
 class Partitions:

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from streamtx.errors import (
+    FAULTS,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -154,9 +155,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 message = await messages.get()
                 if message is None:
                     break
-                async for run in message.runs():
-                    for ack in run:
-                        yield ack
+                try:
+                    async for run in message.runs():
+                        for ack in run:
+                            yield ack
+                except FAULTS as e:  # the server's failure, not the batch's: the call ends with it
+                    await context.abort(e.code, e.message)
             await reader
         finally:
             reader.cancel()
@@ -188,6 +192,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
             outcome = await self._start_push(request, ack)
+        except FAULTS:
+            raise  # the server's failure, not the batch's: the call's status
         except StreamTxError as e:
             return self._rejected(ack, e)
         return _fill_ack(ack, outcome)
@@ -437,6 +443,8 @@ class _Message:
                 fut = futures[end]
                 if fut is not None:
                     error = fut.exception()
+                    if isinstance(error, FAULTS):
+                        raise error
                     if isinstance(error, StreamTxError):
                         self.service._rejected(acks[end], error)
                     elif error is not None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.server.front.exchange import read_rows
-from streamtx.server.front.partitions import HOME, checked
+from streamtx.server.front.partitions import HOME, Restarted, checked
 from streamtx.server.ipc import join_runs
 from streamtx.server.partition.exchange import Exchange
 
@@ -67,6 +67,11 @@ class Spans:
         last_ts = pushes[-1].ts
         try:
             outcomes = await self._span(pushes)
+        except Restarted:  # front/supervisor.py: the span is done everywhere or nowhere
+            await front.supervisor.recovered()
+            if last_ts not in front.supervisor.done:
+                return await self.run(pushes)
+            return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
         except BaseException:
             await front.coordinator.undo_everywhere(last_ts)
             raise

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ from streamtx.recovery import (
 )
 from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
+from streamtx.recovery.records import Record
 from streamtx.server.ipc import join_runs, split_runs
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
@@ -63,6 +64,7 @@ DONE = 7  # record kind (home partition): a coordinated command finished on ever
 SPAN = 8  # record kind: a span (state batches over several partitions, with their merged rows) committed here
 INTERVAL = 9  # record kind (strong): the TEs of the batches one interval committed, in order
 PUSHES = 10  # record kind (weak): the batches one interval committed, in order
+UNDONE = 11  # record kind: the coordinated command's records before this one (same ts) were rolled back
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -217,6 +219,9 @@ class Journal:
         Fragments of a coordinated command (and spans) are replayed only if the command
         finished everywhere (`done`, from the home partition's log): one that a
         crash cut short was never acknowledged, and its producer re-sends it.
+        Such records are then marked UNDONE in the log: after a worker restart
+        the front runs the command again with the same timestamp, and only
+        that run's records may be replayed once it is DONE (`_settled`).
         """
         from streamtx.server.partition.dataflow import Push
 
@@ -230,14 +235,13 @@ class Journal:
         reader = LogReader(log_dir) if log_dir.exists() else None
         total = reader.total(lsn + 1) if reader is not None else 0
         count = 0
+        doubt: set[int] = set()
         if reader is not None and total:
             _say(partition, f"replaying {total} log records after checkpoint lsn {lsn}")
             pending: list[tuple[dict[str, Any], list[pa.Table], int]] = []
             pushes: list[Push] = []  # consecutive batches (weak) replay as one interval, as they ran
             last_report = time.monotonic()
-            for count, _, record in reader.replay(lsn + 1):
-                if record.kind in (FRAGMENTS, SPAN) and record.ts not in done:
-                    continue
+            for count, _, record in _settled(reader.replay(lsn + 1), done, doubt):
                 head, tables = decode_command(record.payload)
                 if record.kind == Kind.PUSH:
                     pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
@@ -256,6 +260,10 @@ class Journal:
                     last_report = time.monotonic()
             if pushes:
                 flow.run_pushes(pushes)
+        for ts in sorted(doubt):  # so that the same command run again at `ts` is told apart from these
+            self._append(UNDONE, ts, {}, [])
+        if doubt:
+            self.log.flush()
         seconds = time.monotonic() - started
         flow.engine.counters["recovered_records"] = count
         flow.engine.counters["recovery_ms"] = round(seconds * 1000)
@@ -311,6 +319,34 @@ class Journal:
                 marks = [h["mark"] for h, _, _ in pending if h["mark"] is not None]
                 flow.replay_tes(ts, specs, inputs, head["params"], marks[0] if marks else None)
                 pending.clear()
+
+
+def _settled(
+    records: Iterator[tuple[int, int, Record]], done: set[int], doubt: set[int]
+) -> Iterator[tuple[int, int, Record]]:
+    """The records to replay: a coordinated command's only if it is DONE and they were not UNDONE since.
+
+    A command's records are the last in the log when it is cut short (the
+    front sends nothing else meanwhile), so its UNDONE follows them; they are
+    held until the next record shows whether it does. `doubt` gets the
+    timestamps of records skipped and not yet marked UNDONE.
+    """
+    held: list[tuple[int, int, Record]] = []
+    for item in records:
+        record = item[2]
+        if record.kind == UNDONE:
+            held = [h for h in held if h[2].ts != record.ts]
+            doubt.discard(record.ts)
+        elif record.kind in (FRAGMENTS, SPAN):
+            if record.ts in done:
+                held.append(item)
+            else:
+                doubt.add(record.ts)
+        else:
+            yield from held
+            held = []
+            yield item
+    yield from held
 
 
 def _grouped(keys: list[str]) -> list[int]:

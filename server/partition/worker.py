@@ -25,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streamtx.errors import FailedPrecondition, Internal, StreamTxError
+from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.partition import checkpoints
@@ -43,6 +43,11 @@ WAKE: list[Frame] = [({"op": WAKE_OP}, [])]
 KEEP_UNRELEASED = 1_000  # checkpoints written but not yet known complete on every partition
 LOGGED_OPS = frozenset({"reject", "call", "install", "decide", "done"})
 """Commands whose effects are logged: answered only once durable (pushes too, via `_pushes`)."""
+_fault = os.environ.get("STREAMTX_FAULT_EXIT_BEFORE_ACK", "").split(":", 2)
+FAULT_EXIT_BEFORE_ACK = (int(_fault[0]), int(_fault[1]), _fault[2]) if len(_fault) == 3 else None
+"""Fault injection for tests (`Worker._maybe_fail_before_acks`)."""
+FAIL_STOP_OPS = frozenset({"push", "reject", "fragment", "decide", "span", "state_read", "done"})
+"""Commands that take a batch (or are a step of one): a bug in one stops the worker (`Worker._error`)."""
 
 
 def _die_with_parent(parent: int) -> None:
@@ -81,6 +86,7 @@ class Worker:
         self.journal = Journal.open(durability, data_dir, lambda _: self.inbox.put(WAKE), group_commit_ms)
         self.acks: collections.deque[tuple[int, dict[str, Any], list[pa.Table]]] = collections.deque()
         self.checkpointing = False
+        self.acks_sent = 0
         self.written: dict[int, int] = {}  # checkpoint ts -> its lsn, until every partition has written it
 
     def recover(self, checkpoint_ts: int | None, done: set[int]) -> dict[str, Any]:
@@ -242,7 +248,23 @@ class Worker:
             _, reply, tables = self.acks.popleft()
             ready.append((reply, tables))
         if ready:
+            self._maybe_fail_before_acks(len(ready))
             self.frames.write_many(ready)
+
+    def _maybe_fail_before_acks(self, n: int) -> None:
+        """Fault injection for tests: a worker that dies with acks durable but not sent.
+
+        `STREAMTX_FAULT_EXIT_BEFORE_ACK=<partition>:<count>:<path>`: that
+        partition's worker exits when, having sent `count` acks, it is about to
+        send more, unless `<path>` exists (it creates it: one death per test).
+        """
+        fault = FAULT_EXIT_BEFORE_ACK
+        if fault is None or fault[0] != self.engine.partition:
+            return
+        self.acks_sent += n
+        if self.acks_sent > fault[1] and not os.path.exists(fault[2]):
+            Path(fault[2]).write_text("died\n")
+            os._exit(9)
 
     def _start_checkpoint(self, header: dict[str, Any]) -> None:
         if self.data_dir is None:
@@ -278,9 +300,25 @@ class Worker:
         self.frames.write(reply, tables)
 
     def _error(self, header: dict[str, Any], e: Exception) -> None:
-        """A StreamTxError is the client's answer; anything else is a bug, reported, and we keep serving."""
+        """A StreamTxError is the client's answer; anything else is a bug, reported.
+
+        A bug while taking a batch (or a step of a coordinated command) stops
+        the worker: the batch's id is spoken for, so answering it with an
+        error would lose it. The front restarts the workers, which recover
+        and take the batch again (front/supervisor.py); a bug that recurs
+        ends in the server stopping, with this traceback in its log. A bug in
+        any other command is answered INTERNAL and the worker goes on.
+        """
         if not isinstance(e, StreamTxError):
             traceback.print_exception(e, file=sys.stderr)
+            if header.get("op") in FAIL_STOP_OPS:
+                print(
+                    f"streamtx: partition {self.engine.partition}: internal error in {header['op']!r}; "
+                    "stopping this worker (the front restarts it)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                os._exit(4)
             e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
         self.frames.write({"id": header["id"], "ok": False, "code": e.code.value[0], "message": e.message})
 
@@ -306,6 +344,11 @@ class Worker:
         if op == "decide":
             return self.dataflow.decide(h), []
         if op == "call":
+            if h.get("again") and h["ts"] <= eng.last_ts:  # front/supervisor.py: the last worker committed it
+                raise DataLoss(
+                    f"call {h['procedure']}: it committed (timestamp {h['ts']}) on partition {eng.partition}, "
+                    "whose worker died before it answered; its result rows are lost, and it was not run again"
+                )
             out, results = self.dataflow.run_call(h["procedure"], h["params"], h["ts"])
             return out.header(), results
         if op == "query":
@@ -316,9 +359,10 @@ class Worker:
             batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
             return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
         if op == "install":
-            if h.get("startup") and eng.catalog.version == json.loads(h["catalog"]).get("version", 0):
-                if eng.catalog.version or not h["ddl"]:
-                    return {}, []  # recovered already
+            have, new = eng.catalog.version, json.loads(h["catalog"]).get("version", 0)
+            if (h.get("startup") or h.get("again")) and (have > new or (have == new and (have or not h["ddl"]))):
+                # recovered already, a deploy the front had not finished when a worker died included
+                return {}, []
             eng.install(h["catalog"], h["ddl"], h.get("map"))
             self.journal.install(h["catalog"], h["ddl"], h.get("map"))
             return {}, []

@@ -1,0 +1,189 @@
+"""Worker supervision: a partition worker killed with SIGKILL comes back by itself.
+
+The server runs 2 partitions with a command log; a producer keeps pushing
+batches (local ones and ones spanning both partitions) while workers are
+killed at random points. Every batch must get the outcome a plain
+sequential reference gives it, and the final tables must be the
+reference's: nothing lost, nothing applied twice, no batch refused because
+of the failure.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from streamtx.client import Client
+from streamtx.errors import DataLoss
+from streamtx.server.embedded import EmbeddedServer
+from tests.test_partitions import ACCOUNTS, deposits, keys_on
+
+pytestmark = pytest.mark.timeout(300)
+
+ACCOUNTS_ON = {0: keys_on(2, 0, 4), 1: keys_on(2, 1, 4)}
+HITS = """
+CREATE STREAM hits (account BIGINT, n BIGINT) PARTITION BY (account);
+CREATE TABLE hit_counts (account BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (account);
+CREATE PROCEDURE hit ON STREAM hits AS BEGIN
+    INSERT INTO hit_counts SELECT account, sum(n) FROM hits GROUP BY account
+        ON CONFLICT DO UPDATE SET n = hit_counts.n + excluded.n;
+END;
+"""
+"""Batches that stay on one partition: many are in flight to a worker when it is killed."""
+
+
+def random_batches(rng: random.Random, n: int) -> list[list[tuple[int, int]]]:
+    """Batches of 1-3 deposits; some withdraw more than an account holds (the CHECK rejects those)."""
+    out = []
+    for _ in range(n):
+        sides = rng.choice([[0], [1], [0, 1]])
+        rows = []
+        for _ in range(rng.randint(1, 3)):
+            account = rng.choice(ACCOUNTS_ON[rng.choice(sides)])
+            rows.append((account, rng.randint(-12, 10)))
+        out.append(rows)
+    return out
+
+
+def reference(batches: list[list[tuple[int, int]]]) -> tuple[list[str], dict[int, int], int]:
+    """Each batch applied alone, in order: outcomes, balances, audit rows."""
+    balances: dict[int, int] = {}
+    outcomes, audit = [], 0
+    for batch in batches:
+        trial = dict(balances)
+        for account, amount in batch:
+            trial[account] = trial.get(account, 0) + amount
+        if all(v >= 0 for v in trial.values()):
+            balances, audit = trial, audit + len(batch)
+            outcomes.append("committed")
+        else:
+            outcomes.append("rejected")
+    return outcomes, balances, audit
+
+
+def pid_of(client: Client, partition: int) -> int:
+    deadline = time.monotonic() + 60
+    while True:
+        parts = client.status()["partitions"]
+        if all(p["alive"] and not p["error"] for p in parts) or time.monotonic() > deadline:
+            return parts[partition]["pid"]
+        time.sleep(0.05)
+
+
+def final_state(client: Client) -> tuple[dict[int, int], int]:
+    balances = dict(client.query("SELECT account, balance FROM balances").fetchall())
+    return balances, client.query("SELECT count(*) FROM audit").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("durability", ["strong", "weak"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_killed_workers_come_back_with_nothing_lost_or_applied_twice(tmp_path, durability, seed):
+    rng = random.Random(seed)
+    batches = random_batches(rng, 240)
+    kills = sorted(rng.sample(range(10, 230), 3))
+    with (
+        EmbeddedServer(tmp_path / "data", partitions=2, durability=durability) as srv,
+        Client(srv.target) as c,
+    ):
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        c.deploy(HITS)
+        futures, hits, want_hits = [], [], {}
+
+        def hit(n: int) -> None:
+            for _ in range(n):
+                account = rng.choice(ACCOUNTS_ON[rng.randint(0, 1)])
+                want_hits[account] = want_hits.get(account, 0) + 1
+                hits.append(c.push("hits", {"account": [account], "n": [1]}))
+
+        for i, batch in enumerate(batches):
+            if i in kills:
+                victim = pid_of(c, rng.randint(0, 1))
+                hit(rng.randint(0, 60))  # in flight when it dies
+                os.kill(victim, signal.SIGKILL)
+            futures.append(c.push("deposits", deposits(batch)))
+            hit(3)
+        outcomes = [f.result(timeout=120).outcome for f in futures]
+        want_outcomes, want_balances, want_audit = reference(batches)
+        assert outcomes == want_outcomes
+        assert final_state(c) == (want_balances, want_audit)
+        assert {f.result(timeout=120).outcome for f in hits} == {"committed"}
+        assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == want_hits
+        status = c.status()
+        assert status["counters"]["restarts"] >= 1
+        assert all(p["alive"] and not p["error"] for p in status["partitions"])
+        # and what was recovered survives a restart of the whole server
+        srv.stop()
+    with EmbeddedServer(tmp_path / "data", partitions=2, durability=durability) as srv, Client(srv.target) as c:
+        assert final_state(c) == (want_balances, want_audit)
+
+
+def test_a_call_and_a_query_wait_for_the_restart_instead_of_failing(tmp_path):
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        a, b = ACCOUNTS_ON[0][0], ACCOUNTS_ON[1][0]
+        assert c.push("deposits", deposits([(a, 5), (b, 7)])).result(timeout=60).outcome == "committed"
+        os.kill(pid_of(c, 1), signal.SIGKILL)
+        c.call("open_account", account=ACCOUNTS_ON[1][1])
+        assert final_state(c)[0] == {a: 5, b: 7, ACCOUNTS_ON[1][1]: 0}
+        assert c.push("deposits", deposits([(a, 1), (b, 1)])).result(timeout=60).outcome == "committed"
+        assert final_state(c)[0] == {a: 6, b: 8, ACCOUNTS_ON[1][1]: 0}
+
+
+def test_health_is_not_serving_while_the_workers_restart_then_serving(tmp_path):
+    with (
+        EmbeddedServer(tmp_path / "data", partitions=2) as srv,
+        Client(srv.target) as c,
+        grpc.insecure_channel(srv.target) as channel,
+    ):
+        c.deploy(ACCOUNTS)
+        health = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service="streamtx.v1.StreamTx")
+        seen = []
+        os.kill(pid_of(c, 0), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            status = health.Check(request, timeout=10).status
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == health_pb2.HealthCheckResponse.SERVING and len(seen) > 1:
+                break
+            time.sleep(0.01)
+        assert seen[-2:] == [health_pb2.HealthCheckResponse.NOT_SERVING, health_pb2.HealthCheckResponse.SERVING]
+        assert c.status()["counters"]["restarts"] == 1
+
+
+def test_batches_a_dead_worker_applied_but_did_not_answer_get_their_first_outcome(tmp_path, monkeypatch):
+    """The worker dies with acks durable but unsent: its successor answers them from the log, nothing runs twice."""
+    flag = tmp_path / "died"
+    monkeypatch.setenv("STREAMTX_FAULT_EXIT_BEFORE_ACK", f"1:20:{flag}")
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(HITS)
+        accounts = ACCOUNTS_ON[1]
+        futures = [c.push("hits", {"account": [accounts[i % 4]], "n": [i]}) for i in range(200)]
+        results = [f.result(timeout=120) for f in futures]
+        assert flag.exists()
+        assert [r.outcome for r in results] == ["committed"] * 200
+        assert len({r.timestamp for r in results}) == 200 and all(r.timestamp > 0 for r in results)
+        want = {a: sum(i for i in range(200) if accounts[i % 4] == a) for a in accounts}
+        assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == want
+        assert c.status()["counters"]["restarts"] == 1
+
+
+def test_a_call_a_dead_worker_committed_but_did_not_answer_is_data_loss_not_run_twice(tmp_path, monkeypatch):
+    flag = tmp_path / "died"
+    monkeypatch.setenv("STREAMTX_FAULT_EXIT_BEFORE_ACK", f"1:2:{flag}")  # after the start-up and deploy installs
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(ACCOUNTS)
+        account = ACCOUNTS_ON[1][0]
+        with pytest.raises(DataLoss, match=r"call open_account: it committed \(timestamp \d+\) on partition 1"):
+            c.call("open_account", account=account)
+        assert flag.exists()
+        assert c.query("SELECT account, balance FROM balances").fetchall() == [(account, 0)]
