@@ -332,6 +332,17 @@ def test_batch_over_max_batch_rows_is_resource_exhausted(limits_stub):
     assert len(sink.rows()) == 10
 
 
+def test_batch_ids_past_64_bits_in_one_message_are_invalid_argument(stub):
+    sink = Sink(stub)
+    two = pa.table({"a": [1, 2], "b": ["x", "y"], "c": [0.0, 0.0]})
+    req = pb.PushRequest(stream=sink.stream, producer_id="p", batch_id=2**63 - 1, data=arrow(two), batch_rows=[1, 1])
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub.PushStream(iter([req]), timeout=CALL_TIMEOUT))
+    assert info.value.code() == SC.INVALID_ARGUMENT
+    assert_mentions(info.value.details(), sink.stream, str(2**63 - 1), "64 bits")
+    assert sink.rows() == []
+
+
 def test_message_over_max_message_bytes_is_resource_exhausted(limits, limits_stub):
     sink = Sink(limits_stub)
     big = pa.table({"a": [1], "b": ["x" * (2 << 20)], "c": [0.0]})  # 2 MiB > 1 MiB limit

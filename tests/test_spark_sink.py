@@ -212,6 +212,7 @@ def test_stream_sink_rides_through_three_worker_deaths_exactly_once(spark, tmp_p
     p = unique("w")
     app = counting_app(p)
     for table in (
+        f"{p}_log (id BIGINT, k INTEGER, v BIGINT)",
         f"{p}_in (id BIGINT, k INTEGER, v BIGINT)",
         f"{p}_totals (k INTEGER PRIMARY KEY, n BIGINT, s BIGINT)",
     ):

@@ -77,6 +77,7 @@ TAKEN_REMEMBERED = 10_000
 while the original is still waiting in the sequencer for an earlier batch id."""
 
 READ_MAX_BATCHES = 1024
+INT64_MAX = 2**63 - 1
 
 
 class StreamTxService(pb_grpc.StreamTxServicer):
@@ -155,13 +156,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 message = await messages.get()
                 if message is None:
                     break
-                try:
-                    async for run in message.runs():
-                        for ack in run:
-                            yield ack
-                except FAULTS as e:  # the server's failure, not the batch's: the call ends with it
-                    await context.abort(e.code, e.message)
+                async for run in message.runs():
+                    for ack in run:
+                        yield ack
             await reader
+        except StreamTxError as e:  # a message that cannot be understood, or the server's own failure
+            await context.abort(e.code, e.message)
         finally:
             reader.cancel()
 
@@ -210,6 +210,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         stream, producer, first = request.stream, request.producer_id, request.batch_id
         sizes = list(request.batch_rows)
+        if first > INT64_MAX - len(sizes) + 1:
+            raise InvalidArgument(
+                f"push to {stream!r}: batch ids {first}..{first + len(sizes) - 1} do not fit in 64 bits (batch_rows "
+                f"holds {len(sizes)} batches)"
+            )
         acks = [pb.PushAck(stream=stream, producer_id=producer, batch_id=first + i) for i in range(len(sizes))]
         try:
             schema = front.check_push(stream, producer, first)
