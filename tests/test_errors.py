@@ -1051,3 +1051,44 @@ def test_push_stream_addressing_errors_are_acked_not_fatal(stub, sink):
     assert_mentions(acks[2].reason, "producer_id")
     assert_mentions(acks[3].reason, "batch_id")
     assert [r[0] for r in sink.rows()] == [1, 5]
+
+
+# --------------------------------------------------------------------------- limits on names, parameters, statements
+
+
+def test_names_longer_than_256_bytes_are_invalid_argument_wherever_they_appear(stub):
+    sink = Sink(stub)
+    before = catalog_names(stub)
+    long = "n" * 300
+    cases = [
+        (stub.Push, pb.PushRequest(stream=long, producer_id="p", batch_id=1, data=arrow(pa.table({"a": [1]})))),
+        (stub.Push, pb.PushRequest(stream=sink.stream, producer_id="é" * 200, batch_id=1)),
+        (stub.Call, pb.CallRequest(procedure=long)),
+        (stub.Call, pb.CallRequest(procedure=sink.proc, params={long: py_to_value(1)})),
+        (stub.DescribeStream, pb.DescribeStreamRequest(stream=long)),
+    ]
+    for fn, request in cases:
+        err = rpc_error(fn, request)
+        assert err.code() == SC.INVALID_ARGUMENT, err.details()
+        assert_mentions(err.details(), "bytes long; names are at most 256 bytes")
+    err = rpc_error(stub.Deploy, pb.DeployRequest(sql=f"CREATE TABLE {long} (a INT);"))
+    assert err.code() == SC.INVALID_ARGUMENT
+    assert_mentions(err.details(), "table", "300 bytes", "at most 256 bytes")
+    assert catalog_names(stub) == before
+    assert sink.rows() == []
+
+
+def test_more_than_1000_parameters_or_statements_are_invalid_argument(stub):
+    before = catalog_names(stub)
+    params = {f"p{i}": py_to_value(i) for i in range(1001)}
+    err = rpc_error(stub.Call, pb.CallRequest(procedure="anything", params=params))
+    assert err.code() == SC.INVALID_ARGUMENT
+    assert_mentions(err.details(), "1,001 parameters", "at most 1,000")
+    err = rpc_error(stub.Query, pb.QueryRequest(sql="SELECT 1", params=params))
+    assert err.code() == SC.INVALID_ARGUMENT
+    name = unique("many")
+    script = "\n".join(f"CREATE TABLE {name}_{i} (a INT);" for i in range(1001))
+    err = rpc_error(stub.Deploy, pb.DeployRequest(sql=script))
+    assert err.code() == SC.INVALID_ARGUMENT
+    assert_mentions(err.details(), "1,001 statements", "at most 1,000")
+    assert catalog_names(stub) == before

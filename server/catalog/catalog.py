@@ -44,6 +44,9 @@ from streamtx.server.partitioning import KEY_TYPES
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
 RELATION_KINDS = ("table", "stream", "window", "index")
 CODE_KINDS = ("procedure", "trigger", "group")
+MAX_NAME_BYTES = 256
+"""An object, stream, producer, procedure or parameter name (README, Limits)."""
+MAX_DEPLOY_STATEMENTS = 1_000
 
 
 @dataclass
@@ -240,11 +243,22 @@ class Catalog:
             raise InvalidArgument(f"deploy: {e}") from None
         if not statements:
             raise InvalidArgument("deploy: the script holds no statement")
+        if len(statements) > MAX_DEPLOY_STATEMENTS:
+            raise InvalidArgument(
+                f"deploy: the script holds {len(statements):,} statements; at most {MAX_DEPLOY_STATEMENTS:,} "
+                "are accepted in one deploy (split it)"
+            )
         new = self._clone()
         created: list[tuple[str, str]] = []
         dropped: list[tuple[str, str]] = []
         for st in statements:
             new._apply(st, created, dropped)
+        for kind, name in created:
+            if len(name.encode()) > MAX_NAME_BYTES:
+                raise InvalidArgument(
+                    f"deploy: {kind} {name[:32]!r}... has a name of {len(name.encode()):,} bytes; "
+                    f"names are at most {MAX_NAME_BYTES} bytes"
+                )
         new.version = self.version + 1
         new.analyze(resolve_python)
         physical = physical_diff(self, new, set(dropped))

@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from streamtx.server.catalog.catalog import MAX_NAME_BYTES
 from streamtx.v1 import streamtx_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["StreamTx"]
@@ -37,14 +38,40 @@ def add_service(servicer: Any, server: grpc.aio.Server) -> None:
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
 
 
+MAX_PARAMS = 1_000
+"""Parameters of one Call or Query."""
+NAME_FIELDS = ("stream", "producer_id", "procedure")
+
+
 async def _decode(kind: type[Message], raw: bytes, context: grpc.aio.ServicerContext) -> Any:
     try:
-        return kind.FromString(raw)
+        request = kind.FromString(raw)
     except DecodeError as e:
         await context.abort(
             grpc.StatusCode.INVALID_ARGUMENT,
             f"cannot decode the request: {e} (string fields must be UTF-8)",
         )
+    refusal = over_limits(request)
+    if refusal is not None:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{kind.__name__}: {refusal}")
+    return request
+
+
+def over_limits(request: Message) -> str | None:
+    """Why a request's names or parameters exceed the limits (README, Limits), or None.
+
+    Checked before anything looks a name up, so no answer ever echoes a name of megabytes.
+    """
+    names = [(f, getattr(request, f)) for f in NAME_FIELDS if f in request.DESCRIPTOR.fields_by_name]
+    params = request.params if "params" in request.DESCRIPTOR.fields_by_name else {}
+    if len(params) > MAX_PARAMS:
+        return f"{len(params):,} parameters; at most {MAX_PARAMS:,} are accepted"
+    names += [("parameter name", k) for k in params]
+    for field, name in names:
+        size = len(name.encode())
+        if size > MAX_NAME_BYTES:
+            return f"{field} {name[:32]!r}... is {size:,} bytes long; names are at most {MAX_NAME_BYTES} bytes"
+    return None
 
 
 def _unary_unary(behavior: Callable, kind: type[Message]) -> Callable:
