@@ -291,14 +291,17 @@ query_texts = st.sampled_from(
 def test_fuzzed_pushes_get_precise_answers(server, requests):
     _, stub, _ = server
     for req in requests:
+        before = fingerprint(stub)
         try:
             acks = list(stub.PushStream(iter([req]), timeout=TIMEOUT))
         except grpc.RpcError as e:
             assert e.code() not in BAD, f"{e.code()}: {e.details()}"
-            continue
+            acks = []
         for ack in acks:
             if ack.outcome == pb.REJECTED:
                 assert ack.code not in (SC.INTERNAL.value[0], SC.UNKNOWN.value[0]), ack
+        if not any(ack.outcome == pb.COMMITTED for ack in acks):
+            assert fingerprint(stub) == before
 
 
 @settings(settings.get_profile("fuzz"))

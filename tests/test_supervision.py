@@ -10,8 +10,10 @@ of the failure.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import resource
 import signal
 import time
 
@@ -22,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from streamtx.client import Client
 from streamtx.errors import DataLoss
 from streamtx.server.embedded import EmbeddedServer
+from tests.test_lifecycle import Launched, workers_of
 from tests.test_partitions import ACCOUNTS, deposits, keys_on
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,6 +39,10 @@ CREATE PROCEDURE hit ON STREAM hits AS BEGIN
 END;
 """
 """Batches that stay on one partition: many are in flight to a worker when it is killed."""
+
+
+CHECKPOINTS = ["--checkpoint-every", "0.5"]
+"""Online checkpoints run all along, so kills also land while one is written."""
 
 
 def random_batches(rng: random.Random, n: int) -> list[list[tuple[int, int]]]:
@@ -88,7 +95,7 @@ def test_killed_workers_come_back_with_nothing_lost_or_applied_twice(tmp_path, d
     batches = random_batches(rng, 240)
     kills = sorted(rng.sample(range(10, 230), 3))
     with (
-        EmbeddedServer(tmp_path / "data", partitions=2, durability=durability) as srv,
+        EmbeddedServer(tmp_path / "data", partitions=2, durability=durability, extra_args=CHECKPOINTS) as srv,
         Client(srv.target) as c,
     ):
         c.deploy(ACCOUNTS)
@@ -187,3 +194,72 @@ def test_a_call_a_dead_worker_committed_but_did_not_answer_is_data_loss_not_run_
             c.call("open_account", account=account)
         assert flag.exists()
         assert c.query("SELECT account, balance FROM balances").fetchall() == [(account, 0)]
+
+
+def test_a_full_disk_holds_acknowledgements_until_space_returns(tmp_path):
+    """Log writes fail (RLIMIT_FSIZE: writes past 200 kB fail with EFBIG, as on a full disk).
+
+    The worker that cannot log stops acknowledging and dies; the restarted ones
+    die too while the disk stays full, and nothing is acknowledged meanwhile.
+    Once space returns, the next restart takes every waiting batch: all
+    committed, each once.
+    """
+    srv = Launched(tmp_path / "data", partitions=2, extra=["--max-restarts", "100000"])
+    try:
+        with Client(srv.target) as c:
+            c.deploy(HITS)
+            pids = [srv.proc.pid] + [p["pid"] for p in c.status()["partitions"]]
+            for pid in pids:  # new workers inherit the front's limit
+                resource.prlimit(
+                    pid, resource.RLIMIT_FSIZE, (200_000, resource.RLIM_INFINITY)
+                )  # soft: raised again below
+            rows = 200
+            futures = []
+            for i in range(300):
+                accounts = [ACCOUNTS_ON[i % 2][j % 4] for j in range(rows)]
+                futures.append(c.push("hits", {"account": accounts, "n": [1] * rows}))
+            deadline = time.monotonic() + 60
+            while srv.stderr().count("restarting the partition workers") < 3:
+                assert time.monotonic() < deadline, srv.stderr()[-3000:]
+                time.sleep(0.1)
+            assert "command log failed" in srv.stderr() or "File too large" in srv.stderr()
+            done = [f for f in futures if f.done()]
+            resource.prlimit(srv.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            for p in c.status()["partitions"]:
+                with contextlib.suppress(ProcessLookupError):
+                    resource.prlimit(p["pid"], resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+            assert [f.result(timeout=120).outcome for f in futures] == ["committed"] * 300
+            assert len(done) < 300  # some waited for the space
+            counts = dict(c.query("SELECT account, n FROM hit_counts").fetchall())
+            assert sum(counts.values()) == 300 * rows
+            assert counts == {a: 300 * rows // 8 for a in ACCOUNTS_ON[0] + ACCOUNTS_ON[1]}
+    finally:
+        srv.close()
+
+
+def test_a_worker_killed_during_the_recovery_of_another_is_recovered_too(tmp_path):
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(HITS)
+        want: dict[int, int] = {}
+        futures = []
+        for i in range(3000):  # a log that takes a moment to replay
+            account = ACCOUNTS_ON[i % 2][i % 4]
+            want[account] = want.get(account, 0) + 1
+            futures.append(c.push("hits", {"account": [account], "n": [1]}))
+        assert {f.result(timeout=120).outcome for f in futures} == {"committed"}
+        old = [p["pid"] for p in c.status()["partitions"]]
+        os.kill(old[0], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:  # the new worker of partition 1, while it replays its log (Status would wait for it)
+            new = [pid for pid, line in workers_of(srv.proc.pid) if "--partition 1 " in line and pid != old[1]]
+            if new:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.3)
+        os.kill(new[0], signal.SIGKILL)
+        account = ACCOUNTS_ON[1][0]
+        assert c.push("hits", {"account": [account], "n": [1]}).result(timeout=120).outcome == "committed"
+        want[account] = want.get(account, 0) + 1
+        assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == want
+        assert c.status()["counters"]["restarts"] >= 2
