@@ -38,6 +38,8 @@ HOME = 0
 """The home partition: single tables, windows of single procedures, and the DONE log live there."""
 COMMAND_STEPS = frozenset({"fragment", "decide", "done", "state_read", "span"})
 """Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
+RECOVERY_OPS = frozenset({"recovery_info", "recover", "marks"})
+"""Requests that bring a new worker up (front.py `recover`): failed, not held, when it dies."""
 _DEDUPED = frozenset({"push", "reject"})
 
 
@@ -91,7 +93,7 @@ class Partition:
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         req = _Request(fut, header, tables or [])
         if not self.alive or self._writer is None:
-            if self.hold_on_exit:  # being restarted: sent to the next worker (or failed: `replay`)
+            if self.hold_on_exit and not _recovering(header):  # sent to the next worker (or failed: `replay`)
                 self._held[next(self._ids)] = req
             else:
                 fut.set_exception(Unavailable(self._dead_message()))
@@ -126,8 +128,17 @@ class Partition:
         return sent
 
     def hold(self) -> None:
-        """Keeps the unanswered requests for `replay`; nothing queued is written to the dead worker."""
-        self._held.update(self._pending)
+        """Keeps the unanswered requests for `replay`; nothing queued is written to the dead worker.
+
+        Requests of a recovery fail instead: the supervisor starts it over.
+        """
+        error = Unavailable(self._dead_message())
+        for rid, req in self._pending.items():
+            if _recovering(req.header):
+                if not req.fut.done():
+                    req.fut.set_exception(error)
+            else:
+                self._held[rid] = req
         self._pending.clear()
         self._outbox.clear()
 
@@ -222,6 +233,10 @@ class Partition:
             self._reader_task.cancel()
         if self.hold_on_exit:
             self.hold()
+
+
+def _recovering(header: dict[str, Any]) -> bool:
+    return header.get("op") in RECOVERY_OPS or bool(header.get("startup"))
 
 
 def _as_original(req: _Request, reply: dict[str, Any]) -> dict[str, Any]:

@@ -116,11 +116,8 @@ class Supervisor:
         front = self.front
         parts = front.partitions.all
         for p in parts:
-            p.hold_on_exit = True  # stopping them keeps what they did not answer
-            p.on_death = None
+            p.on_death = None  # a death during recovery fails the recovery (partitions.py `hold`)
         await asyncio.gather(*(p.stop() for p in parts))
-        for p in parts:
-            p.hold_on_exit = False  # a death during recovery fails the recovery's own requests
         spawned = [spawn_worker(p.index, front.config) for p in parts]
         await front.partitions.attach(spawned)
         self.done = await front.recover()
