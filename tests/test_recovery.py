@@ -10,7 +10,9 @@ online checkpoints (every 0.4 s) and during recovery itself.
 from __future__ import annotations
 
 import glob
+import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -249,3 +251,58 @@ def test_batches_committed_together_are_one_record_and_replay_batch_for_batch(tm
             assert set(again) == {"duplicate"}
     finally:
         srv.close()
+
+
+@pytest.mark.parametrize("durability", ["strong", "weak"])
+def test_a_batch_lost_on_one_partition_while_its_successor_survived_on_another_is_taken_again(tmp_path, durability):
+    """Batch k never reached partition 0's log, batch k + 1 is durable on partition 1, then the server dies.
+
+    Neither was acknowledged (acks leave in batch order), so the producer re-sends both:
+    k must be taken (it is not a duplicate), k + 1 answered DUPLICATE.
+    """
+    from tests.test_supervision import ACCOUNTS_ON, HITS
+
+    a0, a1 = ACCOUNTS_ON[0][0], ACCOUNTS_ON[1][0]
+
+    def batch(account: int) -> pa.Table:
+        return pa.table({"account": pa.array([account], pa.int64()), "n": pa.array([1], pa.int64())})
+
+    data = tmp_path / "data"
+    srv = EmbeddedServer(data, partitions=2, durability=durability).start()
+    with Client(srv.target, producer_id="hole") as c:
+        c.deploy(HITS)
+        assert [c.push("hits", batch(a), batch_id=i).result(timeout=60).outcome for i, a in ((1, a0), (2, a1))] == [
+            "committed",
+            "committed",
+        ]
+        frozen = c.status()["partitions"][0]["pid"]
+        os.kill(frozen, signal.SIGSTOP)  # partition 0 takes nothing more
+        c.push("hits", batch(a0), batch_id=3)
+        c.push("hits", batch(a1), batch_id=4)
+        deadline = time.monotonic() + 30
+        while not any(_batch_ids(data / "partition-1" / "log", 4)):  # batch 4 is in partition 1's log
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        srv.kill()  # the workers die with the front, the frozen one too
+    srv = EmbeddedServer(data, partitions=2, durability=durability).start()
+    try:
+        with Client(srv.target, producer_id="hole") as c:
+            again = [c.push("hits", batch(a), batch_id=i).result(timeout=60) for i, a in ((3, a0), (4, a1))]
+            assert [r.outcome for r in again] == ["committed", "duplicate"]
+            assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == {a0: 2, a1: 2}
+    finally:
+        srv.stop()
+
+
+def _batch_ids(log_dir: Path, batch_id: int) -> list[int]:
+    """Records of `log_dir` that take batch `batch_id` (any producer)."""
+    if not log_dir.exists():
+        return []
+    found = []
+    for record in LogReader(log_dir).records():
+        head, _ = decode_command(record.payload)
+        marks = [head.get("mark"), [head.get("producer"), head.get("stream"), head.get("batch_id")]]
+        marks += [b[1] for b in head.get("batches", [])] + [[p, s, b] for s, p, b, *_ in head.get("pushes", [])]
+        if any(m and m[2] == batch_id for m in marks):
+            found.append(record.lsn)
+    return found

@@ -76,9 +76,9 @@ class Front:
         )
         self.map.owners(pa.array([0, None], pa.int64()))  # loads the hash's Arrow kernels now, not on a push
         await self.partitions.attach(launched.workers)
-        self.supervisor.watch(await self.recover())
+        self.supervisor.watch(await self.recover(startup=True))
 
-    async def recover(self) -> set[int]:
+    async def recover(self, startup: bool = False) -> set[int]:
         """Brings just started workers to the state the logs hold; returns the coordinated commands done.
 
         Every partition recovers from the same global checkpoint and the same
@@ -93,7 +93,11 @@ class Front:
         self.sequencer.last_ts = max([self.sequencer.last_ts, *(i["last_ts"] for i in infos)])
         common = set.intersection(*(set(i["checkpoints"]) for i in infos)) if infos else set()
         chosen = max(common) if common else None
-        await self.partitions.broadcast({"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]})
+        recovered = await self.partitions.broadcast(
+            {"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]}
+        )
+        if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
+            self.sequencer.holes = lost_batches([r for r, _ in recovered])
         ddl = [s.sql for s in create_statements(self.catalog)]
         await self.partitions.broadcast(
             {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json(), "startup": True}
@@ -158,6 +162,8 @@ class Front:
         """Submits a validated batch; the future resolves to the partition's outcome header."""
 
         resend = batch_id <= self.sequencer.dispatched.get((producer, stream), 0)
+        if resend and self.sequencer.take_hole(producer, stream, batch_id):
+            resend = False  # lost in a crash while a later batch survived (`lost_batches`): taken now
 
         def dispatch(ts: int) -> asyncio.Future:
             if resend:
@@ -455,6 +461,31 @@ class Front:
             "counters": counters,
             "last_timestamp": self.sequencer.last_ts,
         }
+
+
+def lost_batches(recovered: list[dict[str, Any]]) -> dict[tuple[str, str], set[int]]:
+    """Batch ids below a producer's latest that no partition's log or checkpoint holds: lost in a crash.
+
+    Each partition makes its log durable on its own, so a crash can lose batch
+    k on one partition while k + 1, sent to another, survived. Neither was
+    acknowledged (acks leave in batch order): the producer re-sends both, and
+    k must be taken then, not answered DUPLICATE. Every id at or below the
+    highest one a checkpoint holds was taken (the checkpoint is one cut of
+    the command order); above it, the logs name every batch taken.
+    """
+    checkpointed: dict[tuple[str, str], int] = {}
+    taken: dict[tuple[str, str], set[int]] = {}
+    for info in recovered:
+        for key, batch_id in info.get("checkpointed", {}).items():
+            checkpointed[key] = max(checkpointed.get(key, 0), batch_id)
+        for key, ids in info.get("taken", {}).items():
+            taken.setdefault(key, set()).update(ids)
+    holes = {}
+    for key, ids in taken.items():
+        missing = set(range(checkpointed.get(key, 0) + 1, max(ids))) - ids
+        if missing:
+            holes[key] = missing
+    return holes
 
 
 def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:

@@ -31,6 +31,7 @@ class Sequencer:
         self.last_ts = last_ts
         self.order_timeout = order_timeout
         self.dispatched: dict[tuple[str, str], int] = {}
+        self.holes: dict[tuple[str, str], set[int]] = {}  # ids below `dispatched` a crash lost (front.py)
         self._parked: dict[tuple[str, str], dict[int, tuple[Dispatch, asyncio.Future]]] = {}
 
     def next_ts(self) -> int:
@@ -42,9 +43,18 @@ class Sequencer:
             self.dispatched[key] = max(self.dispatched.get(key, 0), batch_id)
         self.last_ts = max(self.last_ts, last_ts)
 
+    def take_hole(self, producer: str, stream: str, batch_id: int) -> bool:
+        """True (once) if `batch_id` was lost in a crash: it is to be taken as new, out of its order."""
+        lost = self.holes.get((producer, stream))
+        if not lost or batch_id not in lost:
+            return False
+        lost.discard(batch_id)
+        return True
+
     def forget_streams(self, keep: set[str]) -> None:
         """Drops the batch-id positions of streams that no longer exist."""
         self.dispatched = {key: b for key, b in self.dispatched.items() if key[1] in keep}
+        self.holes = {key: ids for key, ids in self.holes.items() if key[1] in keep}
 
     def submit(self, producer: str, stream: str, batch_id: int, dispatch: Dispatch) -> asyncio.Future:
         """Dispatches now if in order, else parks; the future resolves with the outcome."""

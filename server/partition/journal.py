@@ -236,6 +236,8 @@ class Journal:
         total = reader.total(lsn + 1) if reader is not None else 0
         count = 0
         doubt: set[int] = set()
+        checkpointed = dict(flow.engine.marks)
+        taken: dict[tuple[str, str], list[int]] = {}
         if reader is not None and total:
             _say(partition, f"replaying {total} log records after checkpoint lsn {lsn}")
             pending: list[tuple[dict[str, Any], list[pa.Table], int]] = []
@@ -243,6 +245,8 @@ class Journal:
             last_report = time.monotonic()
             for count, _, record in _settled(reader.replay(lsn + 1), done, doubt):
                 head, tables = decode_command(record.payload)
+                for producer, stream, batch_id in _taken(record.kind, head):
+                    taken.setdefault((producer, stream), []).append(batch_id)
                 if record.kind == Kind.PUSH:
                     pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
                 elif record.kind == PUSHES:
@@ -270,7 +274,13 @@ class Journal:
         if found is not None or total:
             name = found.name if found is not None else "none"
             _say(partition, f"recovered: checkpoint {name}, {count} log records, {seconds:.2f} s")
-        return {"checkpoint_lsn": lsn, "replayed": count, "seconds": seconds}
+        return {
+            "checkpoint_lsn": lsn,
+            "replayed": count,
+            "seconds": seconds,
+            "checkpointed": checkpointed,
+            "taken": taken,
+        }
 
     def _replay(
         self,
@@ -347,6 +357,21 @@ def _settled(
             held = []
             yield item
     yield from held
+
+
+def _taken(kind: int, head: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
+    """The batches a record shows taken (committed or rejected): (producer, stream, batch id)."""
+    if kind in (Kind.PUSH, Kind.REJECT):
+        yield head["producer"], head["stream"], head["batch_id"]
+    elif kind in (PUSHES, SPAN):  # [stream, producer, batch id, ts, ...] per batch
+        for stream, producer, batch_id, *_ in head["pushes"]:
+            yield producer, stream, batch_id
+    elif kind == INTERVAL:
+        for _, mark, _, _ in head["batches"]:
+            if mark:
+                yield mark[0], mark[1], mark[2]
+    elif kind in (Kind.TE, FRAGMENTS) and head.get("mark"):
+        yield head["mark"][0], head["mark"][1], head["mark"][2]
 
 
 def _grouped(keys: list[str]) -> list[int]:
