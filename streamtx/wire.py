@@ -109,9 +109,16 @@ def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:
 
 
 def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
-    """The column's values as `field.type`, each exactly: a value that would be rounded is refused."""
+    """The column's values as `field.type`, each exactly: a value that would be rounded is refused.
+
+    A string in a column of another type is read as the Arrow path reads a
+    string column (`conform`): "12" for a BIGINT, ISO-8601 for a TIMESTAMP or
+    DATE, "1.50" for a DECIMAL(10,2); one that does not convert exactly is refused.
+    """
     if any(isinstance(v, float) for v in values):
         values = [_exact_float(v, field, r, what) if isinstance(v, float) else v for r, v in enumerate(values)]
+    if not _textual(field.type) and any(isinstance(v, str) for v in values):
+        values = _from_text(values, field, what)
     try:
         return pa.array(values, type=field.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
@@ -120,9 +127,75 @@ def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
                 pa.array([v], type=field.type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
                 raise InvalidArgument(
-                    f"{what}: column {field.name!r} row {r}: value {v!r} is not a {field.type}"
+                    f"{what}: column {field.name!r} row {r}: value {v!r} is not a {sql_name(field.type)}"
                 ) from None
         raise
+
+
+def _textual(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+
+
+def _from_text(values: list[Any], field: pa.Field, what: str) -> list[Any]:
+    at = [r for r, v in enumerate(values) if isinstance(v, str)]
+    try:
+        converted = pa.array([values[r] for r in at], pa.string()).cast(field.type, safe=True).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        for r in at:
+            try:
+                pa.array([values[r]], pa.string()).cast(field.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise InvalidArgument(
+                    f"{what}: column {field.name!r} row {r}: text {values[r]!r} is not a {sql_name(field.type)}"
+                    f"{_TEXT_FORMS.get(sql_name(field.type).split('(')[0], '')}"
+                ) from None
+        raise
+    out = list(values)
+    for r, v in zip(at, converted, strict=True):
+        out[r] = v
+    return out
+
+
+_TEXT_FORMS = {
+    "TIMESTAMP": " (ISO-8601, e.g. '2024-01-02 03:04:05.123456')",
+    "TIMESTAMP WITH TIME ZONE": " (ISO-8601 with an offset, e.g. '2024-01-02T03:04:05+00:00')",
+    "DATE": " (ISO-8601, e.g. '2024-01-02')",
+    "DECIMAL": " (a decimal number with no more places than the scale)",
+}
+
+
+def sql_name(kind: pa.DataType) -> str:
+    """The SQL (DuckDB) name of an Arrow type, as a deploy script declares it; Arrow's own name otherwise."""
+    if pa.types.is_decimal(kind):
+        return f"DECIMAL({kind.precision},{kind.scale})"
+    if pa.types.is_timestamp(kind):
+        return "TIMESTAMP WITH TIME ZONE" if kind.tz else "TIMESTAMP"
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return f"{sql_name(kind.value_type)}[]"
+    return _SQL_NAMES.get(str(kind), str(kind))
+
+
+_SQL_NAMES = {
+    "int8": "TINYINT",
+    "int16": "SMALLINT",
+    "int32": "INTEGER",
+    "int64": "BIGINT",
+    "uint8": "UTINYINT",
+    "uint16": "USMALLINT",
+    "uint32": "UINTEGER",
+    "uint64": "UBIGINT",
+    "float": "FLOAT",
+    "double": "DOUBLE",
+    "bool": "BOOLEAN",
+    "string": "VARCHAR",
+    "large_string": "VARCHAR",
+    "binary": "BLOB",
+    "large_binary": "BLOB",
+    "date32[day]": "DATE",
+    "time64[us]": "TIME",
+    "duration[us]": "INTERVAL",
+    "null": "NULL",
+}
 
 
 _WHOLE = (pa.types.is_integer, pa.types.is_timestamp, pa.types.is_date, pa.types.is_time, pa.types.is_duration)
@@ -141,20 +214,22 @@ def _exact_float(v: float, field: pa.Field, row: int, what: str) -> Any:
             return int(v)
         raise InvalidArgument(
             f"{what}: column {field.name!r} row {row}: value {v!r} is not a whole number, "
-            f"so it cannot be stored as {kind} without rounding"
+            f"so it cannot be stored as {sql_name(kind)} without rounding"
         )
     if pa.types.is_decimal(kind):
         if not math.isfinite(v):
-            raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is not a {kind}")
+            raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is not a {sql_name(kind)}")
         exact = decimal.Decimal(repr(v))
         if int(exact.as_tuple().exponent) < -kind.scale:
             raise InvalidArgument(
                 f"{what}: column {field.name!r} row {row}: value {v!r} has more than {kind.scale} "
-                f"decimal places, so it cannot be stored as {kind} without rounding"
+                f"decimal places, so it cannot be stored as {sql_name(kind)} without rounding"
             )
         return exact
     if pa.types.is_float32(kind) and math.isfinite(v) and abs(v) > FLOAT32_MAX:
-        raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is out of range for {kind}")
+        raise InvalidArgument(
+            f"{what}: column {field.name!r} row {row}: value {v!r} is out of range for {sql_name(kind)}"
+        )
     return v
 
 
@@ -204,10 +279,10 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                     raise InvalidArgument(
                         f"{what}: column {field.name!r} row {r}: value {v!r} of type "
-                        f"{col.type} cannot be stored as {field.type}"
+                        f"{sql_name(col.type)} cannot be stored as {sql_name(field.type)}"
                     ) from None
             raise InvalidArgument(
-                f"{what}: column {field.name!r} of type {col.type} cannot be stored as {field.type}"
+                f"{what}: column {field.name!r} of type {sql_name(col.type)} cannot be stored as {sql_name(field.type)}"
             ) from None
     return pa.table(arrays, schema=schema)
 
@@ -228,8 +303,8 @@ def _check_exact(col: pa.ChunkedArray, cast: pa.ChunkedArray, field: pa.Field, w
         return
     r = pc.index(same, False).as_py()
     raise InvalidArgument(
-        f"{what}: column {field.name!r} row {r}: value {col[r].as_py()!r} of type {col.type} "
-        f"cannot be stored as {field.type} without rounding"
+        f"{what}: column {field.name!r} row {r}: value {col[r].as_py()!r} of type {sql_name(col.type)} "
+        f"cannot be stored as {sql_name(field.type)} without rounding"
     )
 
 

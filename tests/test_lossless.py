@@ -118,3 +118,34 @@ def test_the_examples_of_the_report(target, column, value, stored, arrow):
             return
         assert ack.outcome == "committed", ack
         assert c.query(f"SELECT {column} FROM kept WHERE b = $b", {"b": ack.timestamp}).fetchall() == [(stored,)]
+
+
+@pytest.mark.parametrize("arrow", [False, True], ids=["rows", "arrow"])
+@pytest.mark.parametrize(
+    "column, text, stored",
+    [
+        ("i", "12", 12),
+        ("i", "1.5", None),
+        ("s", "40000", None),
+        ("d", "1.5", 1.5),
+        ("m", "1.50", decimal.Decimal("1.50")),
+        ("m", "1.505", None),
+        ("t", "2024-01-02T03:04:05", 1_704_164_645_000_000),
+        ("t", "2024-01-02 03:04:05.123456", 1_704_164_645_123_456),
+        ("t", "2024-01-02", 1_704_153_600_000_000),
+        ("t", "yesterday", None),
+    ],
+)
+def test_text_is_read_the_same_way_through_rows_and_arrow(target, column, text, stored, arrow):
+    """JSON-ish clients send numbers, decimals and ISO-8601 times as text: converted exactly, or refused by SQL type."""
+    row: dict[str, Any] = {**DEFAULTS, column: text}
+    batch: Any = pa.table({c: [v] for c, v in row.items()}) if arrow else {c: [v] for c, v in row.items()}
+    with Client(target, arrow=arrow) as c:
+        ack = c.push("vals", batch).result()
+        if stored is None:
+            assert ack.outcome == "rejected" and f"column {column!r} row 0" in ack.reason, ack
+            assert COLUMNS[column] in ack.reason and "int64" not in ack.reason, ack.reason  # SQL type names
+            return
+        assert ack.outcome == "committed", ack
+        read = "epoch_us(t)" if column == "t" else column
+        assert c.query(f"SELECT {read} FROM kept WHERE b = $b", {"b": ack.timestamp}).fetchall() == [(stored,)]

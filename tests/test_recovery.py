@@ -260,7 +260,7 @@ def test_a_batch_lost_on_one_partition_while_its_successor_survived_on_another_i
     Neither was acknowledged (acks leave in batch order), so the producer re-sends both:
     k must be taken (it is not a duplicate), k + 1 answered DUPLICATE.
     """
-    from tests.test_supervision import ACCOUNTS_ON, HITS
+    from test_supervision import ACCOUNTS_ON, HITS
 
     a0, a1 = ACCOUNTS_ON[0][0], ACCOUNTS_ON[1][0]
 

@@ -20,12 +20,12 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from test_lifecycle import Launched, workers_of
+from test_partitions import ACCOUNTS, deposits, keys_on
 
 from streamtx.client import Client
 from streamtx.errors import DataLoss
 from streamtx.server.embedded import EmbeddedServer
-from tests.test_lifecycle import Launched, workers_of
-from tests.test_partitions import ACCOUNTS, deposits, keys_on
 
 pytestmark = pytest.mark.timeout(300)
 
