@@ -7,6 +7,7 @@ Shared by the server (decode and check what producers send) and the client
 
 from __future__ import annotations
 
+import datetime
 import decimal
 import math
 from collections.abc import Iterable, Mapping
@@ -77,11 +78,31 @@ def params_from_proto(params: Mapping[str, pb.Value]) -> dict[str, Any]:
 
 
 def table_to_rows(table: pa.Table) -> pb.Rows:
-    """Typed protobuf rows for a table (the path for clients without Arrow)."""
+    """Typed protobuf rows for a table (the path for clients without Arrow).
+
+    Each value in the form `rows_to_table` reads back into the same column
+    type: integers (and whole DECIMALs of scale 0, e.g. a SUM over BIGINT)
+    as int_value when they fit 64 bits; other DECIMALs, TIMESTAMPs, DATEs
+    and TIMEs as text (exact, ISO-8601).
+    """
     columns = table.column_names
     pycols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    rows = [pb.Row(values=[py_to_value(col[r]) for col in pycols]) for r in range(table.num_rows)]
+    rows = [pb.Row(values=[_row_value(col[r]) for col in pycols]) for r in range(table.num_rows)]
     return pb.Rows(columns=columns, rows=rows)
+
+
+def _row_value(obj: Any) -> pb.Value:
+    if isinstance(obj, decimal.Decimal):
+        if int(obj.as_tuple().exponent) >= 0 and -(2**63) <= obj < 2**63:
+            return pb.Value(int_value=int(obj))
+        return pb.Value(string_value=str(obj))
+    if isinstance(obj, datetime.datetime):
+        return pb.Value(string_value=obj.isoformat(sep=" "))
+    if isinstance(obj, datetime.date | datetime.time):
+        return pb.Value(string_value=obj.isoformat())
+    if isinstance(obj, list):
+        return pb.Value(list_value=pb.ValueList(values=[_row_value(v) for v in obj]))
+    return py_to_value(obj)
 
 
 def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:

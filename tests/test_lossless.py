@@ -16,6 +16,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import grpc
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -24,6 +25,8 @@ from hypothesis import strategies as st
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -149,3 +152,36 @@ def test_text_is_read_the_same_way_through_rows_and_arrow(target, column, text, 
         assert ack.outcome == "committed", ack
         read = "epoch_us(t)" if column == "t" else column
         assert c.query(f"SELECT {read} FROM kept WHERE b = $b", {"b": ack.timestamp}).fetchall() == [(stored,)]
+
+
+def test_results_as_rows_come_back_in_forms_the_rows_input_reads(target):
+    """Results in format ROWS need no Arrow to read, and pushed back through Rows they are stored exactly."""
+    types = "a BIGINT, d DOUBLE, s VARCHAR, m DECIMAL(10,2), t TIMESTAMP, day DATE, ok BOOLEAN, l BIGINT[]"
+    with Client(target) as c:
+        c.deploy(f"CREATE TABLE every ({types});\nCREATE STREAM every_in ({types});")
+        c.query("SELECT 1")
+    values = "(7, 1.5, 'x', 1.50, TIMESTAMP '2024-01-02 03:04:05.123456', DATE '2024-01-02', true, [1, 2])"
+    with grpc.insecure_channel(target) as channel:
+        stub = pb_grpc.StreamTxStub(channel)
+        stub.Deploy(
+            pb.DeployRequest(
+                sql=f"CREATE PROCEDURE every_fill AS BEGIN INSERT INTO every VALUES {values}, "
+                "(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL); END;"
+            ),
+            timeout=30,
+        )
+        stub.Call(pb.CallRequest(procedure="every_fill"), timeout=30)
+        sql = "SELECT *, (SELECT sum(a) FROM every) AS total FROM every ORDER BY a NULLS LAST"
+        rows = stub.Query(pb.QueryRequest(sql=sql, format=pb.ROWS), timeout=30).result.rows
+        assert list(rows.columns) == ["a", "d", "s", "m", "t", "day", "ok", "l", "total"]
+        first = [v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind")) for v in rows.rows[0].values]
+        assert first[:7] == [7, 1.5, "x", "1.50", "2024-01-02 03:04:05.123456", "2024-01-02", True]
+        assert [v.int_value for v in rows.rows[0].values[7].list_value.values] == [1, 2]
+        assert first[8] == 7  # SUM over BIGINT is a HUGEINT: an int_value when it fits 64 bits
+        assert all(v.WhichOneof("kind") is None for v in rows.rows[1].values[:8])
+        # the same rows pushed back through Rows are stored exactly
+        back = pb.Rows(columns=list(rows.columns)[:8], rows=[pb.Row(values=r.values[:8]) for r in rows.rows])
+        ack = stub.Push(pb.PushRequest(stream="every_in", producer_id="rows", batch_id=1, data=pb.RowData(rows=back)))
+        assert ack.outcome == pb.COMMITTED, ack
+        read = stub.ReadStream(pb.ReadStreamRequest(stream="every_in", format=pb.ROWS), timeout=30)
+        assert [list(r.values) for r in read.batches[0].data.rows.rows] == [list(r.values) for r in back.rows]

@@ -247,12 +247,13 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:
         ts, results = await self.front.call(request.procedure, params_from_proto(request.params))
-        return pb.CallResponse(timestamp=ts, results=[encode_rowdata(t) for t in results])
+        arrow = request.format != pb.ROWS
+        return pb.CallResponse(timestamp=ts, results=[encode_rowdata(t, arrow) for t in results])
 
     @rpc()
     async def Query(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:
         table = await self.front.query(request.sql, params_from_proto(request.params))
-        return pb.QueryResponse(result=encode_rowdata(table))
+        return pb.QueryResponse(result=encode_rowdata(table, request.format != pb.ROWS))
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -265,7 +266,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 event = front.stream_event(request.stream)
                 batches = await front.read_stream(request.stream, next_batch)
                 for batch_id, table in batches:
-                    yield pb.StreamBatch(stream=request.stream, batch_id=batch_id, data=encode_rowdata(table))
+                    data = encode_rowdata(table, request.format != pb.ROWS)
+                    yield pb.StreamBatch(stream=request.stream, batch_id=batch_id, data=data)
                     next_batch = batch_id + 1
                 if not batches:
                     try:
@@ -328,7 +330,10 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         batches = await front.read_stream(request.stream, max(request.from_batch, 0), limit)
         kept = [(b, t) for b, t in batches if request.to_batch <= 0 or b < request.to_batch]
         return pb.ReadStreamResponse(
-            batches=[pb.StreamBatch(stream=request.stream, batch_id=b, data=encode_rowdata(t)) for b, t in kept],
+            batches=[
+                pb.StreamBatch(stream=request.stream, batch_id=b, data=encode_rowdata(t, request.format != pb.ROWS))
+                for b, t in kept
+            ],
             more=len(batches) == limit and len(kept) == len(batches),
         )
 

@@ -7,12 +7,19 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class RowFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ARROW: _ClassVar[RowFormat]
+    ROWS: _ClassVar[RowFormat]
+
 class Outcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     OUTCOME_UNSPECIFIED: _ClassVar[Outcome]
     COMMITTED: _ClassVar[Outcome]
     DUPLICATE: _ClassVar[Outcome]
     REJECTED: _ClassVar[Outcome]
+ARROW: RowFormat
+ROWS: RowFormat
 OUTCOME_UNSPECIFIED: Outcome
 COMMITTED: Outcome
 DUPLICATE: Outcome
@@ -123,7 +130,7 @@ class PushAck(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., producer_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., outcome: _Optional[_Union[Outcome, str]] = ..., timestamp: _Optional[int] = ..., code: _Optional[int] = ..., reason: _Optional[str] = ..., original: _Optional[_Union[Outcome, str]] = ..., rows: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class CallRequest(_message.Message):
-    __slots__ = ("procedure", "params")
+    __slots__ = ("procedure", "params", "format")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -133,9 +140,11 @@ class CallRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
     PROCEDURE_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     procedure: str
     params: _containers.MessageMap[str, Value]
-    def __init__(self, procedure: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    format: RowFormat
+    def __init__(self, procedure: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class CallResponse(_message.Message):
     __slots__ = ("timestamp", "results")
@@ -146,7 +155,7 @@ class CallResponse(_message.Message):
     def __init__(self, timestamp: _Optional[int] = ..., results: _Optional[_Iterable[_Union[RowData, _Mapping]]] = ...) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("sql", "params")
+    __slots__ = ("sql", "params", "format")
     class ParamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -156,9 +165,11 @@ class QueryRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Value, _Mapping]] = ...) -> None: ...
     SQL_FIELD_NUMBER: _ClassVar[int]
     PARAMS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     sql: str
     params: _containers.MessageMap[str, Value]
-    def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ...) -> None: ...
+    format: RowFormat
+    def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Mapping[str, Value]] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class QueryResponse(_message.Message):
     __slots__ = ("result",)
@@ -167,12 +178,14 @@ class QueryResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("stream", "from_batch")
+    __slots__ = ("stream", "from_batch", "format")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     stream: str
     from_batch: int
-    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ...) -> None: ...
+    format: RowFormat
+    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class StreamBatch(_message.Message):
     __slots__ = ("stream", "batch_id", "data")
@@ -278,16 +291,18 @@ class DescribeStreamResponse(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., border: _Optional[bool] = ..., readable: _Optional[bool] = ..., complete_through: _Optional[int] = ...) -> None: ...
 
 class ReadStreamRequest(_message.Message):
-    __slots__ = ("stream", "from_batch", "to_batch", "max_batches")
+    __slots__ = ("stream", "from_batch", "to_batch", "max_batches", "format")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
     TO_BATCH_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCHES_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
     stream: str
     from_batch: int
     to_batch: int
     max_batches: int
-    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., to_batch: _Optional[int] = ..., max_batches: _Optional[int] = ...) -> None: ...
+    format: RowFormat
+    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., to_batch: _Optional[int] = ..., max_batches: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class ReadStreamResponse(_message.Message):
     __slots__ = ("batches", "more")
