@@ -241,8 +241,8 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
                 )
                 if pts:
                     style = "-" if group else "--"
-                    label = f"{mode} logging" + ("" if group or measure == "recovery" else ", no group commit")
-                    ax.plot([n for n, _ in pts], [v for _, v in pts], style, marker="o", label=label)
+                    series = f"{mode} logging" + ("" if group or measure == "recovery" else ", no group commit")
+                    ax.plot([n for n, _ in pts], [v for _, v in pts], style, marker="o", label=series)
         ax.set_xlabel("procedures in the dataflow (n)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
