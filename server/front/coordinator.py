@@ -34,7 +34,7 @@ import pyarrow as pa
 from streamtx.errors import DataLoss, error_for
 from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
 from streamtx.server.front import exchange
-from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.front.partitions import HOME, Restarted, checked, first_outcome
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
@@ -136,6 +136,7 @@ class Coordinator:
         undone everywhere, and runs again from the start.
         """
         skip: dict[_Key, str | None] = {}
+        restarted = False
         while True:
             st = _State(_outcome("committed", 0), one_transaction=one_transaction, skip=skip)
             try:
@@ -147,7 +148,10 @@ class Coordinator:
                 await self.front.supervisor.recovered()
                 if ts in self.front.supervisor.done:
                     return await finished()
+                restarted = True
                 continue
+            if restarted:
+                st.outcome = first_outcome(st.outcome, ts)
             return st
 
     async def _execute(

@@ -240,15 +240,22 @@ def _recovering(header: dict[str, Any]) -> bool:
 
 
 def _as_original(req: _Request, reply: dict[str, Any]) -> dict[str, Any]:
-    """A replayed batch the dead worker had taken: the outcome it had then, not DUPLICATE.
-
-    The front sends a push (or rejection) to a partition only for a batch id
-    never seen before, so a replay answered DUPLICATE was applied by the worker
-    that died, durably, just before it could answer.
-    """
+    """A replayed batch the dead worker had taken: the outcome it had then (`first_outcome`)."""
     if not (req.again and req.header.get("op") in _DEDUPED and reply.get("outcome") == "duplicate"):
         return reply
-    return {**reply, "outcome": reply["original"], "ts": req.header["ts"], "emitted": [], "tes": 0, "aborted_tes": []}
+    return {**first_outcome(reply, req.header["ts"]), "emitted": [], "tes": 0, "aborted_tes": []}
+
+
+def first_outcome(outcome: dict[str, Any], ts: int) -> dict[str, Any]:
+    """A batch sent or run again after a worker restart that comes back DUPLICATE: its first run's outcome.
+
+    The front sends a batch id as new only once, so DUPLICATE on the second
+    run means the first one was made durable before the restart (a
+    rejection, or a local batch whose ack was lost with the worker).
+    """
+    if outcome.get("outcome") != "duplicate":
+        return outcome
+    return {**outcome, "outcome": outcome["original"], "ts": ts}
 
 
 class Partitions:

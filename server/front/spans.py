@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.server.front.exchange import read_rows
-from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.front.partitions import HOME, Restarted, checked, first_outcome
 from streamtx.server.ipc import join_runs
 from streamtx.server.partition.exchange import Exchange
 
@@ -69,9 +69,13 @@ class Spans:
             outcomes = await self._span(pushes)
         except Restarted:  # front/supervisor.py: the span is done everywhere or nowhere
             await front.supervisor.recovered()
-            if last_ts not in front.supervisor.done:
-                return await self.run(pushes)
-            return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
+            if last_ts in front.supervisor.done:
+                return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
+            again = await self.run(pushes)
+            return [
+                o if isinstance(o, BaseException) else first_outcome(o, p.ts)
+                for o, p in zip(again, pushes, strict=True)
+            ]
         except BaseException:
             await front.coordinator.undo_everywhere(last_ts)
             raise
