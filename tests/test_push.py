@@ -187,6 +187,7 @@ def test_push_stream_200_pipelined_batches_then_all_duplicates(stub):
     assert [a.batch_id for a in again] == list(range(1, n + 1))
     assert [a.outcome for a in again] == [pb.DUPLICATE] * n
     assert [a.original for a in again] == [pb.COMMITTED] * n
+    assert [a.timestamp for a in again] == stamps  # each the original's
     assert query(stub, f"SELECT count(*) AS n, sum(k) AS s, count(DISTINCT batch) AS b FROM {table}") == state
 
 

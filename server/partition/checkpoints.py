@@ -33,7 +33,7 @@ def begin(engine: Engine, lsn: int, ts: int) -> tuple[Snapshot, dict[str, Any]]:
     meta = {
         "catalog": engine.catalog.to_json(),
         "map": engine.map.to_json(),
-        "last_ts": engine.last_ts,
+        "last_ts": engine.marks.last_ts,
         "trimmed_through": engine.trimmed_through,
         "partition": engine.partition,
     }
@@ -45,10 +45,10 @@ def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) 
     catalog = Catalog.from_json(meta["catalog"], engine.loader.resolve)
     engine.install(meta["catalog"], [s.sql for s in create_statements(catalog)], meta["map"])
     restore_into(engine.con, ckpt, replace=True)
-    engine.last_ts = max(engine.last_ts, int(meta["last_ts"]))
     engine.trimmed_through = {k: int(v) for k, v in meta["trimmed_through"].items()}
     engine.windows.load()
     engine.load_marks()
+    engine.marks.restored(int(meta["last_ts"]))
     engine.retained = {}
     for stream in engine.catalog.retained:
         ids = engine.con.execute(

@@ -37,6 +37,7 @@ import pyarrow as pa
 from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import Exchange, keep_owned
+from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.ownership import Unspannable
 
 if TYPE_CHECKING:
@@ -93,7 +94,7 @@ class _Span:
     wire: tuple[dict[str, Any], list[pa.Table]]  # as the front sent it: what the command log keeps
     values: list[list[Values]]  # each batch's rows, converted once for the span
     outcomes: list[Outcome] = field(default_factory=list)
-    taken: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    taken: list[Taken] = field(default_factory=list)
     keep: dict[str, list[int]] = field(default_factory=dict)
     rejected: int = 0
 
@@ -141,7 +142,8 @@ class Dataflow:
         eng = self.engine
         results: list[Outcome | StreamTxError | None] = [None] * len(pushes)
         runs: list[tuple[int, _Run]] = []
-        taken: dict[tuple[str, str], tuple[int, int]] = {}
+        taken: list[Taken] = []
+        within: dict[Mark, int] = {}  # marks taken in this interval, not committed yet
         eng.counters["intervals"] += 1
         saved = eng.windows.snapshot()
         eng.begin()
@@ -152,14 +154,15 @@ class Dataflow:
                 if p.stream not in eng.catalog.streams:
                     results[i] = NotFound(f"unknown stream {p.stream!r}")
                     continue
-                key = (p.producer, p.stream)
-                if p.batch_id <= max(eng.marks.get(key, 0), taken.get(key, (0, 0))[0]):
-                    results[i] = self._duplicate(p.producer, p.stream, p.batch_id)
+                dup = self._duplicate(p.producer, p.stream, p.batch_id, within.get((p.producer, p.stream), 0))
+                if dup is not None:
+                    results[i] = dup
                     continue
                 run = _Run(self, p.ts, {p.stream: p.batch})
                 run.start_push(p)
                 run.execute()
-                taken[key] = (p.batch_id, p.ts)
+                taken.append((p.producer, p.stream, p.batch_id, p.ts))
+                within[(p.producer, p.stream)] = p.batch_id
                 runs.append((i, run))
             eng.state.add_marks(taken)
             eng.commit(hold_back=eng.executor == "opchain")  # what certainly fits waits (partition/state.py)
@@ -180,9 +183,7 @@ class Dataflow:
             eng.counters["rows"] += pushes[i].batch.num_rows
         if self.journal is not None and runs:
             self.journal.interval([(pushes[i], run) for i, run in runs])
-        for key, (batch_id, ts) in taken.items():
-            eng.marks[key] = batch_id
-            eng.last_ts = max(eng.last_ts, ts)
+        eng.marks.took(taken)
         self._keep(keep)
         return results  # type: ignore[return-value]
 
@@ -192,7 +193,6 @@ class Dataflow:
         duplicate = self._duplicate(producer, stream, batch_id)
         if duplicate is not None:
             return duplicate
-        eng.last_ts = max(eng.last_ts, ts)
         eng.record_rejection(producer, stream, batch_id, ts, code, reason)
         if self.journal is not None:
             self.journal.reject(producer, stream, batch_id, ts, code, reason)
@@ -203,7 +203,7 @@ class Dataflow:
         eng = self.engine
         if procedure not in eng.catalog.procedures:
             raise NotFound(f"unknown procedure {procedure!r}")
-        eng.last_ts = max(eng.last_ts, ts)
+        eng.marks.ran(ts)
 
         def start(run: _Run) -> None:
             run.start_call(procedure, params)
@@ -332,7 +332,6 @@ class Dataflow:
         except BaseException:
             self._rollback(saved)
             raise
-        eng.last_ts = max(eng.last_ts, ts)
 
     def _commit_with_mark(self, ts: int, mark: Any, stored: set[str]) -> None:
         """Commits the open DuckDB transaction with the batch's dedup mark (if any) and stored outputs."""
@@ -341,7 +340,9 @@ class Dataflow:
             eng.record_mark(mark[0], mark[1], mark[2], ts)
         eng.commit()
         if mark is not None:
-            eng.marks[(mark[0], mark[1])] = mark[2]
+            eng.marks.took([(mark[0], mark[1], mark[2], ts)])
+        else:
+            eng.marks.ran(ts)
         self._keep({s: [ts] for s in stored})
 
     def decide(self, h: dict[str, Any]) -> dict[str, Any]:
@@ -364,11 +365,11 @@ class Dataflow:
         self._open_stored = set()
         self._open_specs = []
         self._open_exchange = None
-        eng.last_ts = max(eng.last_ts, ts)
+        eng.marks.ran(ts)
         rejection = h.get("rejection")
         if rejection is not None:
             producer, stream, batch_id, code, reason = rejection
-            if batch_id > eng.marks.get((producer, stream), 0):
+            if not eng.marks.taken(producer, stream, batch_id):
                 eng.record_rejection(producer, stream, batch_id, ts, code, reason)
                 if self.journal is not None:
                     self.journal.reject(producer, stream, batch_id, ts, code, reason)
@@ -420,14 +421,14 @@ class Dataflow:
         """The span's batches in order, inside the open DuckDB transaction; outcomes and marks on `span`."""
         eng = self.engine
         exchange = span.exchange
-        taken: dict[tuple[str, str], tuple[int, int]] = {}
+        taken: list[Taken] = []
+        within: dict[Mark, int] = {}
         eng.exchange = exchange
         try:
             for p, involved, values in zip(span.pushes, span.involved, span.values, strict=True):
-                key = (p.producer, p.stream)
-                if p.batch_id <= max(eng.marks.get(key, 0), taken.get(key, (0, 0))[0]):
-                    dup = self._duplicate(p.producer, p.stream, p.batch_id)
-                    span.outcomes.append(dup or Outcome("duplicate", p.ts, original="committed"))
+                dup = self._duplicate(p.producer, p.stream, p.batch_id, within.get((p.producer, p.stream), 0))
+                if dup is not None:
+                    span.outcomes.append(dup)
                     continue
                 exchange.involved = frozenset(involved)
                 run = _Run(self, p.ts, {p.stream: p.batch})
@@ -444,7 +445,8 @@ class Dataflow:
                     span.rejected += 1
                 else:
                     span.outcomes.append(run.finish(span.keep))
-                taken[key] = (p.batch_id, p.ts)
+                taken.append((p.producer, p.stream, p.batch_id, p.ts))
+                within[(p.producer, p.stream)] = p.batch_id
         finally:
             eng.exchange = None
         span.taken = taken
@@ -454,10 +456,8 @@ class Dataflow:
     def _commit_span(self, span: _Span) -> None:
         """After the span's commit: marks, timestamps, counters and retained output, as the batches left them."""
         eng = self.engine
-        for key, (batch_id, ts) in span.taken.items():
-            eng.marks[key] = batch_id
-            eng.last_ts = max(eng.last_ts, ts)
-        eng.last_ts = max(eng.last_ts, span.pushes[-1].ts)
+        eng.marks.took(span.taken)
+        eng.marks.ran(span.pushes[-1].ts)
         self._keep(span.keep)
         committed = [p for p, o in zip(span.pushes, span.outcomes, strict=True) if o.outcome == "committed"]
         eng.counters["committed"] += len(committed)
@@ -476,13 +476,13 @@ class Dataflow:
         keep: dict[str, list[int]] = {}
         out = run.finish(keep)
         self._keep(keep)
-        eng.last_ts = max(eng.last_ts, p.ts)
+        if out.outcome != "rejected":  # a rejection took its mark with its record (`_Run.undone`)
+            eng.marks.took([(p.producer, p.stream, p.batch_id, p.ts)])
         if self.journal is not None:
             self.journal.push(p, run, rejected=out.outcome == "rejected", outcome=out)
         if out.outcome == "rejected":
             eng.counters["rejected"] += 1
             return out
-        eng.marks[(p.producer, p.stream)] = p.batch_id
         eng.counters["committed"] += 1
         eng.counters["rows"] += p.batch.num_rows
         return out
@@ -574,9 +574,10 @@ class Dataflow:
         for stream, batch_ids in keep.items():
             self.engine.retain(stream, batch_ids)
 
-    def _duplicate(self, producer: str, stream: str, batch_id: int) -> Outcome | None:
+    def _duplicate(self, producer: str, stream: str, batch_id: int, within: int = 0) -> Outcome | None:
+        """DUPLICATE with the original outcome if the batch was taken: committed, or `within` the open interval."""
         eng = self.engine
-        if batch_id > eng.marks.get((producer, stream), 0):
+        if batch_id > within and not eng.marks.taken(producer, stream, batch_id):
             return None
         eng.counters["duplicates"] += 1
         orig = eng.original_outcome(producer, stream, batch_id)

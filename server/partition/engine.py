@@ -7,8 +7,14 @@ the same DuckDB transaction as the effects they vouch for:
 - `producers(producer_id, stream, last_batch_id, last_ts)`: per producer and
   stream, the last batch taken (batches are taken in batch-id order, so every
   id up to it is a duplicate);
+- `taken(producer_id, stream, batch_id, ts)`: each batch's timestamp, for the
+  latest `TAKEN_HISTORY` ids of each producer's stream (partition/state.py), so
+  a re-sent batch's ack carries its original timestamp;
 - `rejections(producer_id, stream, batch_id, ts, code, reason)`: the batches
   that were rejected, so a re-sent one gets its original outcome.
+
+In memory, `Engine.marks` (partition/marks.py) holds the committed marks and
+the partition's clock; every path takes batches through it.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import REPLICATED, owner_filter
 from streamtx.server.partition.exchange import Exchange
+from streamtx.server.partition.marks import Marks
 from streamtx.server.partition.relations import Relations
 from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
@@ -41,6 +48,8 @@ SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {WINDOW_SCHEMA}",
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.producers (producer_id VARCHAR NOT NULL, "
     "stream VARCHAR NOT NULL, last_batch_id BIGINT NOT NULL, last_ts BIGINT NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.taken (producer_id VARCHAR NOT NULL, stream VARCHAR NOT NULL, "
+    "batch_id BIGINT NOT NULL, ts BIGINT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.rejections (producer_id VARCHAR, stream VARCHAR, "
     "batch_id BIGINT, ts BIGINT, code INTEGER, reason VARCHAR, PRIMARY KEY (producer_id, stream, batch_id))",
 ]
@@ -59,10 +68,9 @@ class Engine:
             self.con.execute(sql)
         self.catalog = Catalog()
         self.relations = Relations(self.con)
-        self.marks: dict[tuple[str, str], int] = {}
+        self.marks = Marks()
         self.retained: dict[str, collections.deque[int]] = {}
         self.trimmed_through: dict[str, int] = {}
-        self.last_ts = 0
         self.counters: collections.Counter[str] = collections.Counter()
         self.windows = Windows(self)
         self.state = StateStore(self)
@@ -195,11 +203,11 @@ class Engine:
 
     # ----------------------------------------------------- exactly-once marks
     def load_marks(self) -> None:
-        rows = self.con.execute(
-            f"SELECT producer_id, stream, last_batch_id, last_ts FROM {SYSTEM_SCHEMA}.producers"
-        ).fetchall()
-        self.marks = {(p, s): b for p, s, b, _ in rows}
-        self.last_ts = max([ts for *_, ts in rows] + [self.last_ts])
+        self.marks.load(
+            self.con.execute(
+                f"SELECT producer_id, stream, last_batch_id, last_ts FROM {SYSTEM_SCHEMA}.producers"
+            ).fetchall()
+        )
 
     # ------------------------------------------------------------ transactions
     def begin(self) -> None:
@@ -227,14 +235,14 @@ class Engine:
 
     def record_mark(self, producer: str, stream: str, batch_id: int, ts: int) -> None:
         """Records that a batch was taken, with the transaction it runs in (written with its state)."""
-        self.state.add_marks({(producer, stream): (batch_id, ts)})
+        self.state.add_marks([(producer, stream, batch_id, ts)])
 
     def record_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         self.begin()
         self.record_mark(producer, stream, batch_id, ts)
         self.write_rejection(producer, stream, batch_id, ts, code, reason)
         self.commit()
-        self.marks[(producer, stream)] = batch_id
+        self.marks.took([(producer, stream, batch_id, ts)])
 
     def write_rejection(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         """Stores why a batch was rejected, for re-sends (inside the caller's transaction; the mark is apart)."""
@@ -246,9 +254,9 @@ class Engine:
     def original_outcome(self, producer: str, stream: str, batch_id: int) -> dict[str, Any]:
         """What this partition knows of a batch it may have taken: rejected (and why), else committed.
 
-        The timestamp of a committed batch is known while it is the producer's
-        latest on this partition (the dedup mark keeps it), else 0. Reads
-        DuckDB: the caller has written back what the working set held.
+        The timestamp of a committed batch is exact for the latest
+        `TAKEN_HISTORY` ids of its producer's stream; 0 for older ones, and on
+        a partition that did not take it (the front keeps the highest).
         """
         key = {"p": producer, "s": stream, "b": batch_id}
         row = self.con.execute(
@@ -264,12 +272,7 @@ class Engine:
                 "code": row[1],
                 "reason": row[2],
             }
-        latest = self.con.execute(
-            f"SELECT last_ts FROM {SYSTEM_SCHEMA}.producers "
-            "WHERE producer_id = $p AND stream = $s AND last_batch_id = $b",
-            key,
-        ).fetchone()
-        ts = latest[0] if latest is not None else 0
+        ts = self.state.taken_ts(producer, stream, batch_id) or 0
         return {"outcome": "duplicate", "original": "committed", "ts": ts, "code": 0, "reason": ""}
 
     # ------------------------------------------------------------ stream storage
@@ -340,6 +343,6 @@ class Engine:
             rows = {f"rows.{t}": n for t, n in self.con.execute(sql).fetchall()}
         return {
             "partition": self.partition,
-            "last_ts": self.last_ts,
+            "last_ts": self.marks.last_ts,
             "counters": {**self.counters, **rows},
         }

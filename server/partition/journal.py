@@ -236,7 +236,7 @@ class Journal:
         total = reader.total(lsn + 1) if reader is not None else 0
         count = 0
         doubt: set[int] = set()
-        checkpointed = dict(flow.engine.marks)
+        checkpointed = flow.engine.marks.as_dict()
         taken: dict[tuple[str, str], list[int]] = {}
         if reader is not None and total:
             _say(partition, f"replaying {total} log records after checkpoint lsn {lsn}")
@@ -301,11 +301,10 @@ class Journal:
             except Exception:  # a call that failed changed nothing, then as now
                 pass
         elif kind == Kind.REJECT:
-            if head["batch_id"] > eng.marks.get((head["producer"], head["stream"]), 0):
+            if not eng.marks.taken(head["producer"], head["stream"], head["batch_id"]):
                 eng.record_rejection(
                     head["producer"], head["stream"], head["batch_id"], ts, head["code"], head["reason"]
                 )
-            eng.last_ts = max(eng.last_ts, ts)
         elif kind == DONE:
             pass
         elif kind == SPAN:

@@ -34,6 +34,7 @@ import pyarrow as pa
 from streamtx.errors import Aborted, Internal, InvalidArgument
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
+from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.statetx import Event, Row, WorkingSet
 
 if TYPE_CHECKING:
@@ -58,8 +59,7 @@ CACHED_ROWS = 100_000  # rows of one table the working set keeps across interval
 SMALL = 4  # rows (or keys) few enough for one parameterized statement each, rather than a registered relation
 SPLIT_WRITE_BACK = 64  # new rows of a table that pay for a separate INSERT beside its upsert
 DEFER_MAX = 20_000  # dirty rows and retained output parts held back from DuckDB, at most (write-behind)
-Mark = tuple[str, str]
-"""(producer, stream): whose last batch a dedup mark records."""
+TAKEN_HISTORY = 100_000  # batch ids per producer's stream whose timestamps stay known (a re-send's ack)
 Values = tuple[Any, ...]
 """One row's values in its stream's column order."""
 
@@ -232,6 +232,7 @@ class Pending:
 
     out: dict[str, list[tuple[int, pa.Table | list[Values]]]] = dataclasses.field(default_factory=dict)
     marks: dict[Mark, tuple[int, int]] = dataclasses.field(default_factory=dict)  # -> (batch id, ts)
+    taken: list[Taken] = dataclasses.field(default_factory=list)  # every batch the marks moved past, in order
     trims: dict[str, int] = dataclasses.field(default_factory=dict)  # stream -> delete its stored batches up to this id
 
     def __bool__(self) -> bool:
@@ -277,7 +278,8 @@ class StateStore:
         # retained-stream tuples (tables, or row values of the stream's shape), marks and trims not yet in DuckDB
         self.pending = Pending()
         self._shapes: dict[str, RowShape | None] = {}
-        self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], dict[str, int]] | None = None
+        self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], int, dict[str, int]] | None = None
+        self._taken_since_trim = 0
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
@@ -482,6 +484,44 @@ class StateStore:
             ).fetchone()
             if not updated or not updated[0]:
                 con.execute(f"INSERT INTO {SYSTEM_SCHEMA}.producers VALUES ($p, $s, $b, $ts)", params)
+        if pending.taken:
+            self._write_taken(pending.taken)
+
+    def _write_taken(self, taken: list[Taken]) -> None:
+        """Each batch's timestamp, for its re-sends' acks; the latest `TAKEN_HISTORY` ids per producer's stream.
+
+        Older rows are cut once as many rows as the history holds came in
+        since the last cut, so the cut's scan is paid once per that many.
+        """
+        con = self.engine.con
+        columns = list(zip(*taken, strict=True))
+        data = pa.table(
+            [pa.array(columns[0], pa.string()), pa.array(columns[1], pa.string())]
+            + [pa.array(columns[2], pa.int64()), pa.array(columns[3], pa.int64())],
+            names=["producer_id", "stream", "batch_id", "ts"],
+        )
+        con.register("__taken__", data)
+        con.execute(f"INSERT INTO {SYSTEM_SCHEMA}.taken SELECT * FROM __taken__")
+        con.unregister("__taken__")
+        self._taken_since_trim += len(taken)
+        if self._taken_since_trim > TAKEN_HISTORY:
+            con.execute(
+                f"DELETE FROM {SYSTEM_SCHEMA}.taken t USING {SYSTEM_SCHEMA}.producers p "
+                "WHERE t.producer_id = p.producer_id AND t.stream = p.stream AND t.batch_id <= p.last_batch_id - $n",
+                {"n": TAKEN_HISTORY},
+            )
+            self._taken_since_trim = 0
+
+    def taken_ts(self, producer: str, stream: str, batch_id: int) -> int | None:
+        """The timestamp of a batch taken here, if its record is held back or still kept in DuckDB."""
+        for p, s, b, ts in reversed(self.pending.taken):
+            if b == batch_id and p == producer and s == stream:
+                return ts
+        row = self.engine.con.execute(
+            f"SELECT ts FROM {SYSTEM_SCHEMA}.taken WHERE producer_id = $p AND stream = $s AND batch_id = $b",
+            {"p": producer, "s": stream, "b": batch_id},
+        ).fetchone()
+        return row[0] if row is not None else None
 
     def end_interval(self) -> None:
         """An opchain interval's commit: what certainly fits stays held back; the rest is written now.
@@ -493,7 +533,7 @@ class StateStore:
         """
         ws = self.ws
         assert ws.undo is not None, "end_interval outside a transaction"
-        held = sum(map(len, ws.dirty.values())) + sum(map(len, self.pending.out.values()))
+        held = sum(map(len, ws.dirty.values())) + sum(map(len, self.pending.out.values())) + len(self.pending.taken)
         if held > DEFER_MAX or any(len(rows) > CACHED_ROWS for rows in ws.rows.values()):
             self.engine.counters["state_full_writes"] += 1
             self.flush()
@@ -543,9 +583,12 @@ class StateStore:
         eng.commit()
         eng.counters["state_syncs"] += 1
 
-    def add_marks(self, taken: dict[Mark, tuple[int, int]]) -> None:
-        """Batches taken (last batch id and timestamp per producer and stream), stored with the next write."""
-        self.pending.marks.update(taken)
+    def add_marks(self, taken: list[Taken]) -> None:
+        """Batches taken, in order: their marks and timestamps, stored with the next write."""
+        marks = self.pending.marks
+        for producer, stream, batch_id, ts in taken:
+            marks[(producer, stream)] = (batch_id, ts)
+        self.pending.taken += taken
 
     def trim(self, stream: str, cut: int) -> None:
         """A retained stream's batches up to `cut` go, after the outputs held back are stored."""
@@ -556,7 +599,7 @@ class StateStore:
         """A DuckDB transaction began: from here on, every change can be taken back (`rollback`)."""
         self.ws.begin()
         p = self.pending
-        self._begun = (p, {s: len(parts) for s, parts in p.out.items()}, dict(p.marks), dict(p.trims))
+        self._begun = (p, {s: len(parts) for s, parts in p.out.items()}, dict(p.marks), len(p.taken), dict(p.trims))
 
     def committed(self) -> None:
         """The transaction committed: its changes stay; tables cached beyond `CACHED_ROWS` are forgotten if clean."""
@@ -571,11 +614,12 @@ class StateStore:
         self.ws.rollback()
         if self._begun is None:
             return
-        pending, lengths, marks, trims = self._begun
+        pending, lengths, marks, taken, trims = self._begun
         for stream, parts in pending.out.items():
             del parts[lengths.get(stream, 0) :]
         pending.out = {s: parts for s, parts in pending.out.items() if parts}
         pending.marks = marks
+        del pending.taken[taken:]
         pending.trims = trims
         self.pending = pending
         self._begun = None

@@ -344,7 +344,7 @@ class Worker:
         if op == "decide":
             return self.dataflow.decide(h), []
         if op == "call":
-            if h.get("again") and h["ts"] <= eng.last_ts:  # front/supervisor.py: the last worker committed it
+            if h.get("again") and h["ts"] <= eng.marks.last_ts:  # front/supervisor.py: the last worker committed it
                 raise DataLoss(
                     f"call {h['procedure']}: it committed (timestamp {h['ts']}) on partition {eng.partition}, "
                     "whose worker died before it answered; its result rows are lost, and it was not run again"
@@ -386,7 +386,7 @@ class Worker:
             return eng.original_outcome(h["producer"], h["stream"], h["batch_id"]), []
         if op == "marks":
             eng.load_marks()
-            return {"marks": eng.marks, "last_ts": eng.last_ts}, []
+            return {"marks": eng.marks.as_dict(), "last_ts": eng.marks.last_ts}, []
         if op == "echo":  # bench ipc: the message path alone
             return {}, tables
         if op == "status":
