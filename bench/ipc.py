@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
-from streamtx.server.front.partitions import Partitions
+from streamtx.server.front.partitions import Partitions, checked
 from streamtx.server.launch import launch
 
 from .common import Stopwatch, median_round, plot_lines, progress, ratio_line, round_sig
@@ -61,14 +62,14 @@ async def _measure(parts: Partitions, rows: int, messages: int, pipelined: bool)
             for _ in range(messages):
                 if len(window) >= WINDOW:
                     reply = await window.popleft()
-                    assert reply[0]["ok"] and sum(t.num_rows for t in reply[1]) == rows
-                window.append(worker.send({"op": "echo"}, tables))
+                    assert sum(t.num_rows for t in checked(reply)[1]) == rows
+                window.append(worker.send(pr.Echo(), tables))
             for fut in window:
                 reply = await fut
-                assert reply[0]["ok"] and sum(t.num_rows for t in reply[1]) == rows
+                assert sum(t.num_rows for t in checked(reply)[1]) == rows
         else:
             for _ in range(messages):
-                reply = await worker.request({"op": "echo"}, tables)
+                reply = await worker.request(pr.Echo(), tables)
                 assert sum(t.num_rows for t in reply[1]) == rows
     return {"elapsed": sw.elapsed, "messages": messages}
 

@@ -21,19 +21,19 @@ from streamtx.recovery.checkpoint import (
 )
 from streamtx.recovery.errors import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.recovery.log import CommandLog, Log, LogReader, NullLog
-from streamtx.recovery.records import Kind, Record, decode_command, encode_command
+from streamtx.recovery.records import Record, RecordKind, decode_command, encode_command
 
 __all__ = [
     "Checkpoint",
     "CommandLog",
     "CorruptCheckpoint",
     "CorruptLog",
-    "Kind",
     "Log",
     "LogFailed",
     "LogReader",
     "NullLog",
     "Record",
+    "RecordKind",
     "Snapshot",
     "begin_snapshot",
     "decode_command",

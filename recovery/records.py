@@ -21,7 +21,7 @@ Record (32-byte header + payload)::
     8   8  lsn          u64, 1, 2, 3, ... with no gap across segments
     16  8  ts           i64, the caller's timestamp (the TE's global timestamp)
     24  4  payload_len  u32
-    28  2  kind         u16, the caller's record kind (see `Kind`)
+    28  2  kind         u16, the caller's record kind (see `RecordKind`)
     30  2  reserved     u16, 0
     32  n  payload
 
@@ -59,14 +59,23 @@ def checksum(data: bytes | bytearray | memoryview, start: int = 0) -> int:
     return zlib.crc32(data, start) & 0xFFFFFFFF
 
 
-class Kind(enum.IntEnum):
-    """Suggested record kinds; the log itself stores any u16 and never interprets it."""
+class RecordKind(enum.IntEnum):
+    """What a record holds: the server's command-log records (partition/journal.py writes and replays them).
 
-    PUSH = 1  # an atomic batch taken by a border procedure (its stream, producer, batch id and tuples)
-    CALL = 2  # an OLTP call (procedure and parameters)
-    TE = 3  # an interior TE (strong recovery only)
+    The log itself stores any u16 and never interprets it.
+    """
+
+    PUSH = 1  # an atomic batch taken (its stream, producer, batch id and tuples)
+    CALL = 2  # an OLTP call (procedure and parameters), weak
+    TE = 3  # one committed TE, `i of n` of its command (strong)
     REJECT = 4  # a batch rejected for good, so a re-send gets the same answer
     INSTALL = 5  # a deploy: catalog and DDL, so replay runs against the schema of its time
+    FRAGMENTS = 6  # the fragments of a coordinated command committed on this partition
+    DONE = 7  # (home partition) a coordinated command finished on every partition
+    SPAN = 8  # state batches over several partitions, with their merged rows, committed here
+    INTERVAL = 9  # the TEs of the batches one interval committed, in order (strong)
+    PUSHES = 10  # the batches one interval committed, in order (weak)
+    UNDONE = 11  # the coordinated command's earlier records at this timestamp were rolled back
 
 
 @dataclass(frozen=True, slots=True)

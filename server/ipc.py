@@ -1,8 +1,8 @@
 """Frames between the front process and partition workers (a Unix socket pair).
 
-A frame is a small header (a dict of plain values, pickled: both ends are
-processes this server spawned) followed by zero or more relations as Arrow IPC
-streams. Relations never go through pickle, so a batch crosses the process
+A frame is a small header (a `Request` or `Response` of server/protocol.py,
+pickled: both ends are processes this server spawned) followed by zero or more
+relations as Arrow IPC streams. Relations never go through pickle, so a batch crosses the process
 boundary as Arrow buffers, and the cost is per message, not per tuple.
 
 Layout: `<u32 header length><u32 relation count><u64 length>*count`, the
@@ -21,6 +21,7 @@ import asyncio
 import pickle
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -30,10 +31,19 @@ from streamtx.wire import ipc_to_table, table_to_ipc
 _PREFIX = struct.Struct("<II")
 _LEN = struct.Struct("<Q")
 
-Frame = tuple[dict[str, Any], list[pa.Table]]
+Frame = tuple[Any, list[pa.Table]]
+"""A header and its relations."""
 
 
-def encode(header: dict[str, Any], tables: list[pa.Table] | None = None) -> bytes:
+@dataclass(frozen=True)
+class Packed:
+    """Frames written together: their headers, and (if each had one relation of one schema) `rows` per frame."""
+
+    headers: list[Any]
+    rows: list[int] | None = None
+
+
+def encode(header: Any, tables: list[pa.Table] | None = None) -> bytes:
     """One frame as bytes."""
     head = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
     bodies = [table_to_ipc(t) for t in tables or ()]
@@ -42,9 +52,6 @@ def encode(header: dict[str, Any], tables: list[pa.Table] | None = None) -> byte
     parts.append(head)
     parts += bodies
     return b"".join(parts)
-
-
-PACKED_OP = "packed"
 
 
 def pack(frames: list[Frame]) -> bytes:
@@ -73,21 +80,20 @@ def _pack_run(run: list[Frame]) -> bytes:
         return encode(*run[0])
     headers = [h for h, _ in run]
     if not run[0][1]:
-        return encode({"op": PACKED_OP, "headers": headers})
+        return encode(Packed(headers))
     runs, joined = join_runs([t[0] for _, t in run])  # one run: its frames share a schema (`_alike`)
-    return encode({"op": PACKED_OP, "headers": headers, "rows": runs[0]}, joined)
+    return encode(Packed(headers, runs[0]), joined)
 
 
 def unpack(frame: Frame) -> list[Frame]:
     """The frames a packed frame holds (a frame that is not packed: itself)."""
     header, tables = frame
-    if header.get("op") != PACKED_OP:
+    if not isinstance(header, Packed):
         return [frame]
-    headers = header["headers"]
-    if not tables:
-        return [(h, []) for h in headers]
-    batches, _ = split_runs([header["rows"]], tables)
-    return [(h, [b]) for h, b in zip(headers, batches, strict=True)]
+    if header.rows is None:
+        return [(h, []) for h in header.headers]
+    batches, _ = split_runs([header.rows], tables)
+    return [(h, [b]) for h, b in zip(header.headers, batches, strict=True)]
 
 
 def join_runs(tables: list[pa.Table]) -> tuple[list[list[int]], list[pa.Table]]:
@@ -151,7 +157,7 @@ class SocketFrames:
             return None
         return _decode(head, bodies)
 
-    def write(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> None:
+    def write(self, header: Any, tables: list[pa.Table] | None = None) -> None:
         self.sock.sendall(encode(header, tables))
 
     def write_many(self, frames: list[Frame]) -> None:

@@ -27,7 +27,7 @@ from streamtx.recovery.checkpoint import (
 )
 from streamtx.recovery.errors import CorruptCheckpoint
 from streamtx.recovery.log import CommandLog
-from streamtx.recovery.records import Kind, decode_command, encode_command
+from streamtx.recovery.records import RecordKind, decode_command, encode_command
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -254,7 +254,7 @@ def test_checkpoint_is_published_only_once_its_lsn_is_durable(tmp_path: Path) ->
     con = partition_db()
     with CommandLog(tmp_path / "log", group_bytes=1 << 30, group_ms=600_000) as log:
         con.execute("INSERT INTO empty_one VALUES (1, 'x')")
-        lsn = log.append(Kind.TE, b"insert 1")
+        lsn = log.append(RecordKind.TE, b"insert 1")
         snap = begin_snapshot(con, ts=1, lsn=lsn)
         writer = threading.Thread(target=snap.write, args=(tmp_path / "ckpt",), kwargs={"log": log})
         writer.start()
@@ -341,7 +341,7 @@ def test_recovery_is_latest_checkpoint_plus_log_replay(tmp_path: Path) -> None:
         batch = pa.table({"k": [f"key{(ts * i) % 17}" for i in range(5)], "v": [ts + i for i in range(5)]})
         payload = encode_command({"procedure": "add", "ts": ts}, [batch])
         apply(live, payload)  # execute, then log; ack only once durable
-        lsn = log.append(Kind.TE, payload, ts=ts)
+        lsn = log.append(RecordKind.TE, payload, ts=ts)
         if ts in (40, 90):
             snap = begin_snapshot(live, ts=ts, lsn=lsn)
             threads.append(threading.Thread(target=snap.write, args=(tmp_path / "ckpt",), kwargs={"log": log}))

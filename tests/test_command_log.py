@@ -25,7 +25,7 @@ from streamtx.recovery.log import CommandLog, LogReader, NullLog, list_segments,
 from streamtx.recovery.records import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
-    Kind,
+    RecordKind,
     decode_command,
     encode_command,
     encode_record,
@@ -47,7 +47,7 @@ def payloads(log_dir: Path, from_lsn: int | None = None) -> list[tuple[int, byte
 def write_log(log_dir: Path, items: list[bytes], **kw) -> None:
     with CommandLog(log_dir, **kw) as log:
         for p in items:
-            log.append(Kind.PUSH, p)
+            log.append(RecordKind.PUSH, p)
         log.flush()
 
 
@@ -83,7 +83,7 @@ def test_round_trip_with_arrow_bodies(tmp_path: Path) -> None:
     commands.append(({"op": "call", "procedure": "add", "params": [1, "two", None, 3.5]}, []))
     commands.append(({"op": "two tables"}, [sample_table(3), sample_table(0)]))
     with CommandLog(tmp_path) as log:
-        lsns = [log.append(Kind.PUSH, encode_command(h, t), ts=1000 + i) for i, (h, t) in enumerate(commands)]
+        lsns = [log.append(RecordKind.PUSH, encode_command(h, t), ts=1000 + i) for i, (h, t) in enumerate(commands)]
         assert lsns == list(range(1, len(commands) + 1))
         assert log.flush() == len(commands)
     got = list(LogReader(tmp_path).records())
@@ -253,8 +253,8 @@ def test_failed_write_stops_the_log(tmp_path: Path) -> None:
 def test_null_log_has_the_same_interface() -> None:
     seen: list[int] = []
     with NullLog(on_durable=seen.append) as log:
-        assert log.append(Kind.CALL, b"x") == 1
-        assert log.append(Kind.CALL, b"y") == 2
+        assert log.append(RecordKind.CALL, b"x") == 1
+        assert log.append(RecordKind.CALL, b"y") == 2
         assert log.durable_lsn == 2 and log.last_lsn == 2
         assert log.flush() == 2
         assert log.wait_durable(2)
@@ -497,7 +497,7 @@ def test_random_truncation_recovers_everything_before_the_cut(
         log_dir = Path(d)
         with CommandLog(log_dir, fsync=False, segment_bytes=segment_bytes) as log:
             for p in items:
-                log.append(Kind.TE, p)
+                log.append(RecordKind.TE, p)
                 log.flush()
         first, last_seg = list_segments(log_dir)[-1]
         size = last_seg.stat().st_size
@@ -516,7 +516,7 @@ def test_random_truncation_recovers_everything_before_the_cut(
         assert payloads(log_dir) == list(enumerate(items[:kept], start=1))
         with CommandLog(log_dir, fsync=False, segment_bytes=segment_bytes) as log:
             assert log.durable_lsn == kept
-            assert log.append(Kind.TE, b"next") == kept + 1
+            assert log.append(RecordKind.TE, b"next") == kept + 1
         assert payloads(log_dir) == list(enumerate([*items[:kept], b"next"], start=1))
 
 

@@ -60,7 +60,7 @@ def test_a_resent_batch_gets_its_original_timestamp_within_the_history(
     kept = eng.con.execute("SELECT min(batch_id), count(*) FROM streamtx.taken").fetchone()
     assert kept[0] >= 30 - 2 * 10 and kept[1] <= 2 * 10
     for b in (30, 21):
-        assert eng.original_outcome("p", "adds", b)["ts"] == stamps[b]
-    assert eng.original_outcome("p", "adds", 1)["ts"] == 0  # beyond the history: still a duplicate, time unknown
+        assert eng.original_outcome("p", "adds", b).ts == stamps[b]
+    assert eng.original_outcome("p", "adds", 1).ts == 0  # beyond the history: still a duplicate, time unknown
     assert eng.con.execute("SELECT sum(n) FROM totals").fetchone() == (30,)
     assert eng.marks.last_ts == stamps[30]

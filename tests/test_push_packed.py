@@ -25,8 +25,9 @@ import pytest
 
 from streamtx.client import AsyncClient
 from streamtx.client.async_client import PACK_MAX_BYTES, PACK_YIELD, _InFlight
+from streamtx.server import protocol as pr
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.ipc import PACKED_OP, SocketFrames, unpack
+from streamtx.server.ipc import Packed, SocketFrames, unpack
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 from streamtx.wire import ipc_to_table, table_to_ipc
@@ -279,14 +280,15 @@ def test_ipc_pack_unpack_keeps_frames_and_order():
     t2 = pa.table({"x": [3]})
     t0 = pa.table({"x": pa.array([], pa.int64())})
     s = pa.table({"y": ["a"]})
+    push = pr.Push("s", "p", 1, 1)
     frames = [
-        ({"id": 1, "op": "push"}, [t1]),
-        ({"id": 2, "op": "push"}, [t0]),
-        ({"id": 3, "op": "push"}, [t2]),
-        ({"id": 4, "op": "push"}, [s]),  # another schema: a new run
-        ({"id": 5, "ok": True}, []),
-        ({"id": 6, "ok": True}, []),
-        ({"id": 7, "op": "two"}, [t1, t2]),  # two relations: alone
+        (pr.Request(1, push), [t1]),
+        (pr.Request(2, push), [t0]),
+        (pr.Request(3, push), [t2]),
+        (pr.Request(4, push), [s]),  # another schema: a new run
+        (pr.Response(5), []),
+        (pr.Response(6), []),
+        (pr.Request(7, pr.Echo()), [t1, t2]),  # two relations: alone
     ]
     a, b = socket.socketpair()
     with a, b:
@@ -295,6 +297,6 @@ def test_ipc_pack_unpack_keeps_frames_and_order():
         reader = SocketFrames(b)
         raw = list(iter(reader.read, None))
     out = [one for frame in raw for one in unpack(frame)]
-    assert [h.get("op") for h, _ in raw] == [PACKED_OP, "push", PACKED_OP, "two"]
+    assert [type(h) for h, _ in raw] == [Packed, pr.Request, Packed, pr.Request]
     assert [h for h, _ in out] == [h for h, _ in frames]
     assert [[t.to_pydict() for t in ts] for _, ts in out] == [[t.to_pydict() for t in ts] for _, ts in frames]

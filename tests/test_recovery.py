@@ -27,9 +27,8 @@ from streamtx.procedures.tstream import sl
 from streamtx.procedures.tstream.common import run_reference
 from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
 from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
-from streamtx.recovery import LogReader, decode_command
+from streamtx.recovery import LogReader, RecordKind, decode_command
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.partition.journal import INTERVAL, PUSHES
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -235,7 +234,7 @@ def test_batches_committed_together_are_one_record_and_replay_batch_for_batch(tm
             before = c.query("SELECT k, doubled FROM t ORDER BY k").fetchall()
             assert before == [(k, 2 * k) for k in range(1, 301)]
         srv.kill()
-        kind, key = (INTERVAL, "batches") if mode == "strong" else (PUSHES, "pushes")
+        kind, key = (RecordKind.INTERVAL, "batches") if mode == "strong" else (RecordKind.PUSHES, "pushes")
         intervals = [
             decode_command(r.payload)[0][key]
             for r in LogReader(data / "partition-0" / "log").records()

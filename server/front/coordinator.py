@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.errors import DataLoss, error_for
+from streamtx.server import protocol as pr
 from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
 from streamtx.server.front import exchange
-from streamtx.server.front.partitions import HOME, Restarted, checked, first_outcome
+from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.protocol import Mark, Outcome, TeSpec
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
@@ -58,11 +60,12 @@ _Key = tuple[tuple[int, ...], tuple[str, ...], bool]
 
 @dataclass
 class _State:
-    outcome: dict[str, Any]
+    outcome: Outcome
+    error: tuple[int, str] | None = None  # a call's own TE aborted: its code and reason
     pending: list[Unit] = field(default_factory=list)
     group: str | None = None  # the open transaction group
     group_parts: set[int] = field(default_factory=set)
-    group_mark: list[Any] | None = None
+    group_mark: Mark | None = None
     emitted: set[str] = field(default_factory=set)
     results: list[pa.Table] = field(default_factory=list)
     one_transaction: bool = False
@@ -86,26 +89,25 @@ class Coordinator:
         self.front = front
 
     # ------------------------------------------------------------ commands
-    async def push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> dict[str, Any]:
+    async def push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> Outcome:
         cat = self.front.catalog
         consumers = cat.consumers.get(stream, [])
         groups = {g for g in map(cat.group_of, consumers) if g is not None}
         entry = Unit(list(consumers), stream, table, entry=True, group=groups.pop() if groups else None)
-        push = {"producer": producer, "stream": stream, "batch_id": batch_id}
         mark = [producer, stream, batch_id]
         one = cat.reaches_each_row([stream])
 
         async def finished() -> _State:
             return _State(await self.front.finished_outcome(stream, producer, batch_id, ts))
 
-        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, push, None, mark), ts, finished)
-        self.front.counters[st.outcome["outcome"]] += 1
+        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, mark, None), ts, finished)
+        self.front.counters[st.outcome.outcome] += 1
         self.front.counters["coordinated"] += 1
         for s in st.emitted:
             self.front.notify(s)
         return st.outcome
 
-    async def call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[dict[str, Any], list[pa.Table]]:
+    async def call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[Outcome, list[pa.Table]]:
         cat = self.front.catalog
         unit = Unit([procedure], None, None, group=cat.group_of(procedure))
         one = cat.reaches_each_row(sorted(cat.emitted_by(procedure)))
@@ -116,10 +118,9 @@ class Coordinator:
                 "result came back; its result rows are lost, and it was not run again"
             )
 
-        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params, None), ts, finished)
-        if "error" in st.outcome:
-            code, reason = st.outcome["error"]
-            raise error_for(code, reason)
+        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params), ts, finished)
+        if st.error is not None:
+            raise error_for(*st.error)
         self.front.counters["coordinated"] += 1
         for s in st.emitted:
             self.front.notify(s)
@@ -138,7 +139,7 @@ class Coordinator:
         skip: dict[_Key, str | None] = {}
         restarted = False
         while True:
-            st = _State(_outcome("committed", 0), one_transaction=one_transaction, skip=skip)
+            st = _State(Outcome("committed", ts), one_transaction=one_transaction, skip=skip)
             try:
                 await execute(st)
             except _Rerun as again:
@@ -151,7 +152,7 @@ class Coordinator:
                 restarted = True
                 continue
             if restarted:
-                st.outcome = first_outcome(st.outcome, ts)
+                st.outcome = st.outcome.first(ts)
             return st
 
     async def _execute(
@@ -159,67 +160,64 @@ class Coordinator:
         st: _State,
         pending: list[Unit],
         ts: int,
-        push: dict[str, Any] | None = None,
-        params: dict[str, Any] | None = None,
-        mark: list[Any] | None = None,
+        push: Mark | None,
+        params: dict[str, Any] | None,
     ) -> None:
-        st.outcome["ts"] = ts
+        """Runs the command's units; `push`: the batch a push command takes (its mark), None for a call."""
         try:
-            await self._run_units(st, pending, ts, push, params, mark)
+            await self._run_units(st, pending, ts, push, params)
         except (_Rerun, Restarted):
             raise  # every partition undid its part already (or was restarted without it)
         except BaseException:
             await self.undo_everywhere(ts)
             raise
-        st.outcome["emitted"] = sorted(st.emitted)
+        st.outcome.emitted = set(st.emitted)
         if self.front.config.durability != "off":
             # durable on the home partition: recovery replays this command's fragments on every partition
-            checked(await self.front.partitions[HOME].send({"op": "done", "ts": ts}))
+            checked(await self.front.partitions[HOME].send(pr.Done(ts)))
 
     async def undo_everywhere(self, ts: int) -> None:
         """After a failure mid-command (a partition died): no partition may keep a transaction open."""
-        header = {"op": "decide", "commit": False, "ts": ts}
+        command = pr.Decide(False, ts)
         live = [p for p in self.front.partitions.all if p.alive]
-        await asyncio.gather(*(p.send(header) for p in live), return_exceptions=True)
+        await asyncio.gather(*(p.send(command) for p in live), return_exceptions=True)
 
     async def _run_units(
         self,
         st: _State,
         pending: list[Unit],
         ts: int,
-        push: dict[str, Any] | None,
+        push: Mark | None,
         params: dict[str, Any] | None,
-        mark: list[Any] | None,
     ) -> None:
         st.pending = pending
-        await self._drain(st, ts, push, params, mark)
+        await self._drain(st, ts, push, params)
         if st.stopped:
             return
         if st.group is not None:
             await self.decide(st.group_parts, True, ts, st.group_mark)
             st.group = None
         if st.one_transaction and st.parts:
-            await self.decide(st.parts, True, ts, mark if push is not None else None)
+            await self.decide(st.parts, True, ts, push)
 
     async def _drain(
         self,
         st: _State,
         ts: int,
-        push: dict[str, Any] | None,
+        push: Mark | None,
         params: dict[str, Any] | None,
-        mark: list[Any] | None,
     ) -> None:
         """Runs the ready units; a FOR EACH ROW unit once per tuple, with what it triggers before the next."""
         while st.pending and not st.stopped:
             unit = self._next(st)
             rows = self._each_row(unit)
             if rows is None:
-                await self._unit(st, unit, ts, push, params, mark)
+                await self._unit(st, unit, ts, push, params)
                 continue
             outer = st.pending, st.rows
             for i, row in enumerate(rows):
                 st.pending, st.rows = [replace(unit, rows=row)], (*outer[1], i)
-                await self._drain(st, ts, push, params, mark)
+                await self._drain(st, ts, push, params)
                 if st.stopped:
                     return
             st.pending, st.rows = outer
@@ -238,9 +236,8 @@ class Coordinator:
         st: _State,
         unit: Unit,
         ts: int,
-        push: dict[str, Any] | None,
+        push: Mark | None,
         params: dict[str, Any] | None,
-        mark: list[Any] | None,
     ) -> None:
         key = (st.rows, tuple(unit.procedures), unit.entry)
         if st.one_transaction:
@@ -251,7 +248,7 @@ class Coordinator:
                 report = st.skip[key]
                 if report is not None:
                     self.front.counters["tes_aborted"] += 1
-                    st.outcome["aborted_tes"].append(report)
+                    st.outcome.aborted_tes.append(report)
                 return
             st.instance.append((key, unit))
         elif st.group is not None and unit.group != st.group:
@@ -262,25 +259,26 @@ class Coordinator:
         if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
             assert unit.rows is not None and len(unit.procedures) == 1
             await exchange.attach_rows(self.front, keyed[0], unit.rows, ts, fragments)
-        unit_mark = mark if unit.entry else None
+        unit_mark = push if unit.entry else None
         alone = len(fragments) == 1 and unit.group is None and st.group is None and not st.one_transaction
         if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
-            header = next(iter(fragments.values()))[0]
-            header["autocommit"] = {"mark": unit_mark}
-        replies = await asyncio.gather(*(self.front.partitions[p].request(h, t) for p, (h, t) in fragments.items()))
+            p, (fragment, tables) = next(iter(fragments.items()))
+            fragments[p] = (replace(fragment, autocommit=True, mark=unit_mark), tables)
+        replies = await asyncio.gather(*(self.front.partitions[p].request(f, t) for p, (f, t) in fragments.items()))
         parts = set(fragments)
-        if unit.entry and push is not None and any("duplicate" in r[0] for r in replies):
+        duplicates = [r[0] for r in replies if isinstance(r[0], Outcome)]
+        if duplicates:
             await self.decide(parts | st.group_parts | st.parts, False, ts)
-            st.outcome = _duplicate([r[0]["duplicate"] for r in replies if "duplicate" in r[0]])
+            st.outcome = _duplicate(duplicates)
             st.stopped = True
             return
-        aborted = [r[0] for r in replies if r[0].get("aborted")]
+        aborted = [r[0] for r in replies if isinstance(r[0], pr.FragmentAborted)]
         if aborted:
             first = aborted[0]
             if st.one_transaction:
-                await self._abort_one(st, unit, parts, ts, first["code"], first["reason"], push)
+                await self._abort_one(st, unit, parts, ts, first.code, first.reason, push)
                 return
-            await self._abort(st, unit, parts, ts, first["code"], first["reason"], push)
+            await self._abort(st, unit, parts, ts, first.code, first.reason, push)
             if unit.entry or unit.stream is None:
                 st.stopped = True
             return
@@ -302,7 +300,7 @@ class Coordinator:
         ts: int,
         code: int,
         reason: str,
-        push: dict[str, Any] | None,
+        push: Mark | None,
     ) -> None:
         """A unit of a one-transaction command aborted: undo everything; reject, fail the call, or run again."""
         undone = [u for _, u in st.instance]
@@ -310,11 +308,11 @@ class Coordinator:
         await self.decide(parts | st.parts, False, ts, rejection=rejection)
         st.stopped = True
         if rejection is not None:
-            st.outcome = _outcome("rejected", ts, code, reason)
+            st.outcome = Outcome("rejected", ts, code, reason)
             st.emitted = set()
             return
         if any(u.stream is None for u in undone):
-            st.outcome["error"] = (code, reason)
+            st.error = (code, reason)
             return
         skip: dict[_Key, str | None] = {k: None for k, _ in st.instance}
         skip[st.instance[0][0]] = f"{unit.procedures[0]}: {reason}"
@@ -328,21 +326,21 @@ class Coordinator:
         st.pending.remove(best)
         return best
 
-    def _collect(self, st: _State, unit: Unit, replies: list[tuple[dict[str, Any], list[pa.Table]]]) -> None:
+    def _collect(self, st: _State, unit: Unit, replies: list[tuple[pr.FragmentRan, list[pa.Table]]]) -> None:
         """A unit committed (or joined the open group): its outputs become the next units' inputs."""
         cat = self.front.catalog
         outputs: dict[str, list[pa.Table]] = {}
         results: dict[int, list[pa.Table]] = {}
-        for header, tables in replies:
-            streams = header["emitted"]
+        for ran, tables in replies:
+            streams = ran.emitted
             for s, t in zip(streams, tables[: len(streams)], strict=True):
                 outputs.setdefault(s, []).append(t)
-            st.emitted |= set(header["stored"])
+            st.emitted |= set(ran.stored)
             if unit.stream is None:
-                for i, t in zip(header["result_ids"], tables[len(streams) :], strict=True):
+                for i, t in zip(ran.result_ids, tables[len(streams) :], strict=True):
                     results.setdefault(i, []).append(t)
         st.results += [_merge(results[i]) for i in sorted(results)]
-        st.outcome["tes"] += len(unit.procedures) or 1
+        st.outcome.tes += len(unit.procedures) or 1
         for stream in sorted(outputs):
             rows = _merge(outputs[stream])
             for proc in cat.consumers.get(stream, []):
@@ -356,7 +354,7 @@ class Coordinator:
         ts: int,
         code: int,
         reason: str,
-        push: dict[str, Any] | None,
+        push: Mark | None,
     ) -> None:
         group = st.group if st.group is not None else unit.group
         undone_entry = unit.entry or (st.group is not None and st.group_mark is not None)
@@ -366,27 +364,27 @@ class Coordinator:
         if group is not None:
             st.pending = [u for u in st.pending if u.origin_group != group]
         if rejection is not None:
-            st.outcome = _outcome("rejected", ts, code, reason)
+            st.outcome = Outcome("rejected", ts, code, reason)
             st.emitted = set()
             st.pending = []
             return
         if unit.stream is None:
-            st.outcome["error"] = (code, reason)
+            st.error = (code, reason)
             st.pending = []
             return
         self.front.counters["tes_aborted"] += 1
-        st.outcome["aborted_tes"].append(f"{unit.procedures[0]}: {reason}")
+        st.outcome.aborted_tes.append(f"{unit.procedures[0]}: {reason}")
 
     async def decide(
         self,
         parts: set[int],
         commit: bool,
         ts: int,
-        mark: list[Any] | None = None,
+        mark: Mark | None = None,
         rejection: list[Any] | None = None,
     ) -> None:
-        header = {"op": "decide", "commit": commit, "ts": ts, "mark": mark, "rejection": rejection}
-        replies = await asyncio.gather(*(self.front.partitions[p].send(header) for p in sorted(parts)))
+        command = pr.Decide(commit, ts, mark, rejection)
+        replies = await asyncio.gather(*(self.front.partitions[p].send(command) for p in sorted(parts)))
         for r in replies:
             checked(r)
 
@@ -395,18 +393,17 @@ class Coordinator:
         self,
         unit: Unit,
         ts: int,
-        push: dict[str, Any] | None,
+        push: Mark | None,
         params: dict[str, Any] | None,
-    ) -> dict[int, tuple[dict[str, Any], list[pa.Table]]]:
+    ) -> exchange.Fragments:
         """Each partition's fragment of the unit: its TE specs and their input rows."""
         front = self.front
         pl = front.catalog.placement
         every = range(len(front.partitions))
-        specs: dict[int, list[tuple[dict[str, Any], pa.Table | None]]] = {}
+        specs: dict[int, list[tuple[TeSpec, pa.Table | None]]] = {}
 
         def add(p: int, procedure: str | None, rows: pa.Table | None, border: bool) -> None:
-            spec = {"procedure": procedure, "stream": unit.stream, "border": border, "entry": unit.entry}
-            specs.setdefault(p, []).append((spec, rows))
+            specs.setdefault(p, []).append((TeSpec(procedure, unit.stream, border, unit.entry), rows))
 
         if unit.stream is not None:
             assert unit.rows is not None
@@ -441,13 +438,8 @@ class Coordinator:
                 add(p, proc, None, False)
         out = {}
         for p, items in sorted(specs.items()):
-            header: dict[str, Any] = {"op": "fragment", "ts": ts, "tes": [s for s, _ in items]}
-            if push is not None:
-                header["push"] = push
-            if params is not None:
-                header["params"] = params
             tables = [t if t is not None else pa.table({}) for _, t in items]
-            out[p] = (header, tables)
+            out[p] = (pr.Fragment(ts, tuple(s for s, _ in items), params, push), tables)
         return out
 
 
@@ -465,29 +457,15 @@ def _merge(parts: list[pa.Table]) -> pa.Table:
     return rows.sort_by([(c, "ascending") for c in rows.column_names])
 
 
-def _undone(group: str | None, code: int, reason: str, push: dict[str, Any] | None) -> tuple[str, list[Any] | None]:
+def _undone(group: str | None, code: int, reason: str, push: Mark | None) -> tuple[str, list[Any] | None]:
     """An abort's reason as reported (naming the undone group) and, if `push`'s batch is undone with it,
     the rejection the partitions record for its id."""
     if group is not None:
         reason = f"transaction group {group} undone: {reason}"
-    rejection = None if push is None else [push["producer"], push["stream"], push["batch_id"], code, reason]
-    return reason, rejection
+    return reason, None if push is None else [*push, code, reason]
 
 
-def _outcome(outcome: str, ts: int, code: int = 0, reason: str = "") -> dict[str, Any]:
-    return {
-        "outcome": outcome,
-        "ts": ts,
-        "code": code,
-        "reason": reason,
-        "original": "",
-        "emitted": [],
-        "tes": 0,
-        "aborted_tes": [],
-    }
-
-
-def _duplicate(originals: list[dict[str, Any]]) -> dict[str, Any]:
+def _duplicate(originals: list[Outcome]) -> Outcome:
     """A re-sent batch: the original's outcome (rejected if any partition recorded it rejected)."""
-    rejected = [o for o in originals if o.get("original") == "rejected"]
+    rejected = [o for o in originals if o.original == "rejected"]
     return (rejected or originals)[0]

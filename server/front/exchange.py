@@ -14,17 +14,19 @@ two-phase commit follows.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from streamtx.server import protocol as pr
 from streamtx.server.front.partitions import HOME
 from streamtx.server.partition.exchange import Exchange
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
 
-Fragments = dict[int, tuple[dict[str, Any], list[pa.Table]]]
+Fragments = dict[int, tuple[pr.Fragment, list[pa.Table]]]
 
 
 def involved(front: Front, procedure: str, rows: pa.Table) -> list[int]:
@@ -40,11 +42,11 @@ async def read_rows(
 
     `items` names each batch's state procedure and timestamp; the batches come joined (`join_runs`).
     """
-    header = {"op": "state_read", "items": items, "runs": runs}
-    replies = await asyncio.gather(*(front.partitions[p].request(header, joined) for p in parts))
+    command = pr.StateRead(items, runs)
+    replies = await asyncio.gather(*(front.partitions[p].request(command, joined) for p in parts))
     found: dict[str, list[pa.Table]] = {}
-    for head, tables in replies:
-        for name, table in zip(head["tables"], tables, strict=True):
+    for rows, tables in replies:
+        for name, table in zip(rows.tables, tables, strict=True):
             found.setdefault(name, []).append(table)
     return {name: pa.concat_tables(parts_) if len(parts_) > 1 else parts_[0] for name, parts_ in found.items()}
 
@@ -54,5 +56,5 @@ async def attach_rows(front: Front, procedure: str, rows: pa.Table, ts: int, fra
     parts = sorted(fragments)
     merged = await read_rows(front, parts, [(procedure, ts)], [[rows.num_rows]], [rows])
     for p, (fragment, tables) in fragments.items():
-        fragment["exchange"], extra = Exchange(merged, frozenset(parts), p == HOME).wire()
-        tables.extend(extra)
+        wire, extra = Exchange(merged, frozenset(parts), p == HOME).wire()
+        fragments[p] = (replace(fragment, exchange=wire), tables + extra)

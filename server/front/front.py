@@ -25,6 +25,7 @@ from streamtx.errors import (
     StreamTxError,
     Unavailable,
 )
+from streamtx.server import protocol as pr
 from streamtx.server import sqltree
 from streamtx.server.catalog.catalog import Catalog, create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
@@ -89,22 +90,18 @@ class Front:
         after the highest one any log holds, skipped commands included, and
         are never given twice.
         """
-        infos = [r for r, _ in await self.partitions.broadcast({"op": "recovery_info"})]
-        self.sequencer.last_ts = max([self.sequencer.last_ts, *(i["last_ts"] for i in infos)])
-        common = set.intersection(*(set(i["checkpoints"]) for i in infos)) if infos else set()
+        infos: list[pr.Recoverable] = [r for r, _ in await self.partitions.broadcast(pr.RecoveryInfo())]
+        self.sequencer.last_ts = max([self.sequencer.last_ts, *(i.last_ts for i in infos)])
+        common = set.intersection(*(set(i.checkpoints) for i in infos)) if infos else set()
         chosen = max(common) if common else None
-        recovered = await self.partitions.broadcast(
-            {"op": "recover", "checkpoint": chosen, "done": infos[HOME]["done"]}
-        )
+        recovered = await self.partitions.broadcast(pr.Recover(chosen, infos[HOME].done))
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
         ddl = [s.sql for s in create_statements(self.catalog)]
-        await self.partitions.broadcast(
-            {"op": "install", "catalog": self.catalog.to_json(), "ddl": ddl, "map": self.map.to_json(), "startup": True}
-        )
-        for reply, _ in await self.partitions.broadcast({"op": "marks"}):
-            self.sequencer.load_marks(reply["marks"], reply["last_ts"])
-        return set(infos[HOME]["done"])
+        await self.partitions.broadcast(pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True))
+        for marks, _ in await self.partitions.broadcast(pr.ReadMarks()):
+            self.sequencer.load_marks(marks.marks, marks.last_ts)
+        return set(infos[HOME].done)
 
     async def stop(self) -> None:
         self.supervisor.unwatch()
@@ -120,8 +117,7 @@ class Front:
         sqltree.check_size(script, "deploy")
         async with self._deploy_lock:
             new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
-            install = {"op": "install", "catalog": new.to_json(), "ddl": ddl}
-            await self.ask_all(install)
+            await self.ask_all(pr.Install(new.to_json(), ddl))
             await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
             self.catalog = new
             self.sequencer.forget_streams(set(new.streams))
@@ -192,34 +188,32 @@ class Front:
         self.gate.run(lambda: self.original(stream, producer, batch_id)).add_done_callback(finish)
         return out
 
-    def original(self, stream: str, producer: str, batch_id: int) -> asyncio.Future:
+    def original(self, stream: str, producer: str, batch_id: int) -> asyncio.Future[pr.Outcome]:
         """The DUPLICATE outcome of a batch taken before, from every partition (sent now, not through the gate).
 
         The partition that rejected it says so; else it committed, at the
-        latest timestamp a partition knows for it.
+        timestamp the partition that took it knows (the others know none: 0).
         """
-        header = {"op": "original", "producer": producer, "stream": stream, "batch_id": batch_id}
         out: asyncio.Future = asyncio.get_running_loop().create_future()
 
         def finish(replies: asyncio.Future) -> None:
             try:
-                known = [checked(r)[0] for r in replies.result()]
+                known: list[pr.Outcome] = [checked(r)[0] for r in replies.result()]
             except Exception as e:  # the lookup's failure, whatever it is, is the caller's
                 out.set_exception(e)
                 return
-            rejected = [k for k in known if k["original"] == "rejected"]
-            original = rejected[0] if rejected else max(known, key=lambda k: k["ts"])
-            out.set_result({**original, "emitted": [], "tes": 0, "aborted_tes": []})
+            rejected = [k for k in known if k.original == "rejected"]
+            out.set_result((rejected[0] if rejected else max(known, key=lambda k: k.ts)).quiet())
 
-        self._send_all(header).add_done_callback(finish)
+        self._send_all(pr.Original(producer, stream, batch_id)).add_done_callback(finish)
         return out
 
-    async def finished_outcome(self, stream: str, producer: str, batch_id: int, ts: int) -> dict[str, Any]:
+    async def finished_outcome(self, stream: str, producer: str, batch_id: int, ts: int) -> pr.Outcome:
         """The outcome of a batch whose command finished just before the partitions were restarted."""
         original = await self.original(stream, producer, batch_id)
         for s in self.catalog.streams:  # what it emitted is not known: subscribers look again
             self.notify(s)
-        return {**original, "outcome": original["original"], "ts": ts}
+        return original.first(ts)
 
     def reject(self, stream: str, producer: str, batch_id: int, error: StreamTxError) -> asyncio.Future:
         """Takes a well-addressed batch whose rows are bad as rejected, in its place in the order.
@@ -230,29 +224,21 @@ class Front:
         """
 
         def dispatch(ts: int) -> asyncio.Future:
-            header = {
-                "op": "reject",
-                "stream": stream,
-                "producer": producer,
-                "batch_id": batch_id,
-                "ts": ts,
-                "code": error.code.value[0],
-                "reason": error.message,
-            }
-            return self.gate.run(lambda: self._finish_push(self.partitions[HOME].send(header)))
+            command = pr.Reject(stream, producer, batch_id, ts, error.code.value[0], error.message)
+            return self.gate.run(lambda: self._finish_push(self.partitions[HOME].send(command)))
 
         return self.sequencer.submit(producer, stream, batch_id, dispatch)
 
     def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
         target = self.local_target(stream, table)
-        header = {"op": "push", "stream": stream, "producer": producer, "batch_id": batch_id, "ts": ts}
+        command = pr.Push(stream, producer, batch_id, ts)
 
-        def coordinated() -> Awaitable[dict[str, Any]]:
+        def coordinated() -> Awaitable[pr.Outcome]:
             return self.coordinator.push(stream, producer, batch_id, ts, table)
 
         def local() -> asyncio.Future:
             assert target is not None
-            return self._finish_push(self.partitions[target].send(header, [table]))
+            return self._finish_push(self.partitions[target].send(command, [table]))
 
         item = None
         if self.gate.span_runner is not None and stream in self.catalog.placement.stream_keys:
@@ -278,13 +264,13 @@ class Front:
                 out.cancel()
                 return
             try:
-                outcome = checked(reply.result())[0]
+                outcome: pr.Outcome = checked(reply.result())[0]
             except Exception as e:  # the outcome's failure, whatever it is, is the caller's
                 out.set_exception(e)
                 return
-            for s in outcome.get("emitted", ()):
+            for s in outcome.emitted:
                 self.notify(s)
-            self.counters[outcome["outcome"]] += 1
+            self.counters[outcome.outcome] += 1
             out.set_result(outcome)
 
         fut.add_done_callback(finish)
@@ -346,9 +332,9 @@ class Front:
             self.counters["calls"] += 1
             return ts, results
         target = HOME if mode == HOME_MODE else self.call_owner(procedure, bound)
-        header = {"op": "call", "procedure": procedure, "params": bound, "ts": ts}
-        reply, results = checked(await self.gate.run(lambda: self.partitions[target].send(header)))
-        for s in reply.get("emitted", ()):
+        command = pr.Call(procedure, bound, ts)
+        outcome, results = checked(await self.gate.run(lambda: self.partitions[target].send(command)))
+        for s in outcome.emitted:
             self.notify(s)
         self.counters["calls"] += 1
         return ts, results
@@ -360,17 +346,17 @@ class Front:
         self.counters["queries"] += 1
         return await scatter.query(self, sql, params)
 
-    async def ask(self, partition: int, header: dict[str, Any]) -> Reply:
+    async def ask(self, partition: int, command: pr.Command) -> Reply:
         """A read of one partition, in order with every command (behind a coordinated one)."""
-        return checked(await self.gate.run(lambda: self.partitions[partition].send(header)))
+        return checked(await self.gate.run(lambda: self.partitions[partition].send(command)))
 
-    async def ask_all(self, header: dict[str, Any]) -> list[Reply]:
+    async def ask_all(self, command: pr.Command) -> list[Reply]:
         """A read of every partition at one point of the command order (a consistent cut)."""
-        return [checked(r) for r in await self.gate.run(lambda: self._send_all(header))]
+        return [checked(r) for r in await self.gate.run(lambda: self._send_all(command))]
 
-    def _send_all(self, header: dict[str, Any]) -> asyncio.Future:
-        """Writes `header` to every partition's queue now; the future is their replies."""
-        return asyncio.ensure_future(asyncio.gather(*(p.send(header) for p in self.partitions.all)))
+    def _send_all(self, command: pr.Command) -> asyncio.Future:
+        """Writes `command` to every partition's queue now; the future is their replies."""
+        return asyncio.ensure_future(asyncio.gather(*(p.send(command) for p in self.partitions.all)))
 
     # --------------------------------------------------------------- subscribe
     def check_subscribe(self, stream: str) -> None:
@@ -384,11 +370,11 @@ class Front:
             )
 
     async def read_stream(self, stream: str, from_batch: int, max_batches: int = 64) -> list[tuple[int, pa.Table]]:
-        header = {"op": "read_stream", "stream": stream, "from_batch": from_batch, "max_batches": max_batches}
+        command = pr.ReadStream(stream, from_batch, max_batches)
         if len(self.partitions) == 1:
-            reply, tables = await self.ask(HOME, header)
-            return list(zip(reply["batch_ids"], tables, strict=True))
-        return scatter.merge_stream_reads(await self.ask_all(header), max_batches)
+            reply, tables = await self.ask(HOME, command)
+            return list(zip(reply.batch_ids, tables, strict=True))
+        return scatter.merge_stream_reads(await self.ask_all(command), max_batches)
 
     def stream_event(self, stream: str) -> asyncio.Event:
         ev = self._stream_events.get(stream)
@@ -402,7 +388,7 @@ class Front:
             ev.set()
 
     # -------------------------------------------------------------- checkpoint
-    async def checkpoint(self) -> tuple[int, list[dict[str, Any]]]:
+    async def checkpoint(self) -> tuple[int, list[pr.Checkpointed]]:
         """An online checkpoint of every partition at one point of the command order.
 
         All partitions pin their snapshot at the same cut (the request passes the
@@ -410,8 +396,8 @@ class Front:
         on executing; this returns when every partition has written its own.
         """
         ts = self.sequencer.last_ts
-        replies = await self.ask_all({"op": "checkpoint", "ts": ts})
-        await self.ask_all({"op": "release", "ts": ts})
+        replies = await self.ask_all(pr.Checkpoint(ts))
+        await self.ask_all(pr.Release(ts))
         self.counters["checkpoints"] += 1
         return ts, [r[0] for r in replies]
 
@@ -436,11 +422,11 @@ class Front:
         if live:
             replies = await self.gate.run(
                 lambda: asyncio.ensure_future(
-                    asyncio.gather(*(p.send({"op": "status"}) for p in live), return_exceptions=True)
+                    asyncio.gather(*(p.send(pr.Status()) for p in live), return_exceptions=True)
                 )
             )
         for p, reply in zip(live, replies, strict=True):
-            if isinstance(reply, BaseException) or not reply[0].get("ok"):
+            if isinstance(reply, BaseException) or isinstance(reply[0], pr.Failed):
                 continue
             for name, n in reply[0]["counters"].items():
                 counters[f"partition{p.index}.{name}"] = n
@@ -463,7 +449,7 @@ class Front:
         }
 
 
-def lost_batches(recovered: list[dict[str, Any]]) -> dict[tuple[str, str], set[int]]:
+def lost_batches(recovered: list[pr.Recovered]) -> dict[tuple[str, str], set[int]]:
     """Batch ids below a producer's latest that no partition's log or checkpoint holds: lost in a crash.
 
     Each partition makes its log durable on its own, so a crash can lose batch
@@ -476,9 +462,9 @@ def lost_batches(recovered: list[dict[str, Any]]) -> dict[tuple[str, str], set[i
     checkpointed: dict[tuple[str, str], int] = {}
     taken: dict[tuple[str, str], set[int]] = {}
     for info in recovered:
-        for key, batch_id in info.get("checkpointed", {}).items():
+        for key, batch_id in info.checkpointed.items():
             checkpointed[key] = max(checkpointed.get(key, 0), batch_id)
-        for key, ids in info.get("taken", {}).items():
+        for key, ids in info.taken.items():
             taken.setdefault(key, set()).update(ids)
     holes = {}
     for key, ids in taken.items():

@@ -29,18 +29,15 @@ from typing import Any
 import pyarrow as pa
 
 from streamtx.errors import Unavailable, error_for
+from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, encode, pack, read_frame, unpack
 from streamtx.server.launch import Spawned
 
-Reply = tuple[dict[str, Any], list[pa.Table]]
+Reply = tuple[Any, list[pa.Table]]
+"""A reply body (server/protocol.py) or `pr.Failed`, and the relations that came with it."""
 HOME = 0
 """The home partition: single tables, windows of single procedures, and the DONE log live there."""
-COMMAND_STEPS = frozenset({"fragment", "decide", "done", "state_read", "span"})
-"""Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
-RECOVERY_OPS = frozenset({"recovery_info", "recover", "marks"})
-"""Requests that bring a new worker up (front.py `recover`): failed, not held, when it dies."""
-_DEDUPED = frozenset({"push", "reject"})
 
 
 class Restarted(Unavailable):
@@ -50,7 +47,7 @@ class Restarted(Unavailable):
 @dataclass
 class _Request:
     fut: asyncio.Future[Reply]
-    header: dict[str, Any]
+    command: pr.Command
     tables: list[pa.Table]
     again: bool = False
 
@@ -88,12 +85,12 @@ class Partition:
         reader, self._writer = await asyncio.open_unix_connection(sock=spawned.sock, limit=1 << 24)
         self._reader_task = asyncio.create_task(self._read_replies(reader), name=f"partition-{self.index}")
 
-    def send(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> asyncio.Future[Reply]:
+    def send(self, command: pr.Command, tables: list[pa.Table] | None = None) -> asyncio.Future[Reply]:
         """Queues a request now (call order = execution order); the future is its reply."""
         fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        req = _Request(fut, header, tables or [])
+        req = _Request(fut, command, tables or [])
         if not self.alive or self._writer is None:
-            if self.hold_on_exit and not _recovering(header):  # sent to the next worker (or failed: `replay`)
+            if self.hold_on_exit and not _recovering(command):  # sent to the next worker (or failed: `replay`)
                 self._held[next(self._ids)] = req
             else:
                 fut.set_exception(Unavailable(self._dead_message()))
@@ -105,8 +102,7 @@ class Partition:
         self._pending[rid] = req
         if not self._outbox:  # one write (one syscall) for all frames sent in this loop iteration
             asyncio.get_running_loop().call_soon(self._flush)
-        header = dict(req.header, id=rid, again=True) if req.again else dict(req.header, id=rid)
-        self._outbox.append((header, req.tables))
+        self._outbox.append((pr.Request(rid, req.command, req.again), req.tables))
 
     def replay(self) -> int:
         """Sends the requests a dead worker left unanswered to this (recovered) one, in their order.
@@ -119,7 +115,7 @@ class Partition:
             req = held[rid]
             if req.fut.done():
                 continue
-            if req.header.get("op") in COMMAND_STEPS:
+            if type(req.command) in pr.COMMAND_STEPS:
                 req.fut.set_exception(Restarted(f"partition {self.index} was restarted during this command"))
                 continue
             req.again = True
@@ -134,7 +130,7 @@ class Partition:
         """
         error = Unavailable(self._dead_message())
         for rid, req in self._pending.items():
-            if _recovering(req.header):
+            if _recovering(req.command):
                 if not req.fut.done():
                     req.fut.set_exception(error)
             else:
@@ -156,19 +152,19 @@ class Partition:
         if self._writer is not None and not self._writer.is_closing():
             self._writer.write(pack(frames))
 
-    async def request(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> Reply:
+    async def request(self, command: pr.Command, tables: list[pa.Table] | None = None) -> Reply:
         """Sends and awaits; a failed reply raises the mapped StreamTxError."""
-        return checked(await self.send(header, tables))
+        return checked(await self.send(command, tables))
 
     async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         while True:
             frame = await read_frame(reader)
             if frame is None:
                 break
-            for header, tables in unpack(frame):
-                req = self._pending.pop(header["id"], None)
+            for response, tables in unpack(frame):
+                req = self._pending.pop(response.id, None)
                 if req is not None and not req.fut.done():
-                    req.fut.set_result((_as_original(req, header), tables))
+                    req.fut.set_result((_as_original(req, response.body), tables))
         await self._on_exit()
 
     async def _on_exit(self) -> None:
@@ -213,7 +209,7 @@ class Partition:
             self._flush()
             self.error = f"partition {self.index} is shutting down"
             try:
-                self._writer.write(encode({"op": "shutdown", "id": 0}))
+                self._writer.write(encode(pr.Request(0, pr.Shutdown())))
                 await self._writer.drain()
             except (ConnectionError, RuntimeError):
                 pass
@@ -235,27 +231,20 @@ class Partition:
             self.hold()
 
 
-def _recovering(header: dict[str, Any]) -> bool:
-    return header.get("op") in RECOVERY_OPS or bool(header.get("startup"))
+def _recovering(command: pr.Command) -> bool:
+    return type(command) in pr.RECOVERY or (isinstance(command, pr.Install) and command.startup)
 
 
-def _as_original(req: _Request, reply: dict[str, Any]) -> dict[str, Any]:
-    """A replayed batch the dead worker had taken: the outcome it had then (`first_outcome`)."""
-    if not (req.again and req.header.get("op") in _DEDUPED and reply.get("outcome") == "duplicate"):
-        return reply
-    return {**first_outcome(reply, req.header["ts"]), "emitted": [], "tes": 0, "aborted_tes": []}
-
-
-def first_outcome(outcome: dict[str, Any], ts: int) -> dict[str, Any]:
-    """A batch sent or run again after a worker restart that comes back DUPLICATE: its first run's outcome.
+def _as_original(req: _Request, body: Any) -> Any:
+    """A replayed batch the dead worker had taken: the outcome it had then (`Outcome.first`).
 
     The front sends a batch id as new only once, so DUPLICATE on the second
     run means the first one was made durable before the restart (a
     rejection, or a local batch whose ack was lost with the worker).
     """
-    if outcome.get("outcome") != "duplicate":
-        return outcome
-    return {**outcome, "outcome": outcome["original"], "ts": ts}
+    if req.again and isinstance(req.command, pr.Push | pr.Reject) and isinstance(body, pr.Outcome):
+        return body.first(req.command.ts)
+    return body
 
 
 class Partitions:
@@ -276,9 +265,9 @@ class Partitions:
     def __len__(self) -> int:
         return len(self.all)
 
-    async def broadcast(self, header: dict[str, Any], tables: list[pa.Table] | None = None) -> list[Reply]:
+    async def broadcast(self, command: pr.Command, tables: list[pa.Table] | None = None) -> list[Reply]:
         """Sends to every partition at once (same position in every queue), awaits all."""
-        futs = [p.send(header, tables) for p in self.all]
+        futs = [p.send(command, tables) for p in self.all]
         replies = await asyncio.gather(*futs, return_exceptions=True)
         for r in replies:
             if isinstance(r, BaseException):
@@ -288,6 +277,6 @@ class Partitions:
 
 def checked(reply: Reply) -> Reply:
     """The reply, or the StreamTxError it carries."""
-    if not reply[0].get("ok"):
-        raise error_for(reply[0]["code"], reply[0]["message"])
+    if isinstance(reply[0], pr.Failed):
+        raise error_for(reply[0].code, reply[0].message)
     return reply

@@ -19,6 +19,7 @@ import sqlglot
 from sqlglot import exp
 
 from streamtx.errors import InvalidArgument
+from streamtx.server import protocol as pr
 from streamtx.server import sqltree
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
     spread = _partitioned_relations(front, sql) if len(front.partitions) > 1 else []
     if not spread:
-        _, tables = await front.ask(HOME, {"op": "query", "sql": sql, "params": params})
+        _, tables = await front.ask(HOME, pr.Query(sql, params))
         return tables[0]
     relations = _relations(sql)
     reads = {}
@@ -39,14 +40,14 @@ async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
         qualified = f"{quote(schema)}.{quote(name)}" if schema else quote(name)
         reads[(schema, name)] = f"SELECT * FROM {qualified}"
     spread_set = set(spread)
-    every = await front.ask_all({"op": "gather", "reads": [[list(k), v] for k, v in reads.items() if k in spread_set]})
+    every = await front.ask_all(pr.Gather([[list(k), v] for k, v in reads.items() if k in spread_set]))
     home_reads = [[list(k), v] for k, v in reads.items() if k not in spread_set]
-    home = await front.ask(HOME, {"op": "gather", "reads": home_reads}) if home_reads else ({}, [])
+    home = await front.ask(HOME, pr.Gather(home_reads)) if home_reads else (pr.Gathered([]), [])
     con = duckdb.connect(config={"enable_external_access": False})
     try:
         gathered: dict[tuple[str, str], list[pa.Table]] = {}
-        for header, tables in [*every, home]:
-            for key, table in zip(header.get("keys", []), tables, strict=True):
+        for reply, tables in [*every, home]:
+            for key, table in zip(reply.keys, tables, strict=True):
                 gathered.setdefault(tuple(key), []).append(table)
         for (schema, name), parts in gathered.items():
             table = pa.concat_tables(parts)
@@ -100,8 +101,8 @@ def merge_stream_reads(replies: list[Reply], max_batches: int) -> list[tuple[int
     """
     by_id: dict[int, list[pa.Table]] = {}
     cut = None
-    for header, tables in replies:
-        ids = header["batch_ids"]
+    for batches, tables in replies:
+        ids = batches.batch_ids
         for b, t in zip(ids, tables, strict=True):
             by_id.setdefault(b, []).append(t)
         if len(ids) >= max_batches:

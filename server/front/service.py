@@ -28,6 +28,7 @@ from streamtx.errors import (
 )
 from streamtx.server.front.front import Front
 from streamtx.server.front.staging import PartSpec, Staging
+from streamtx.server.protocol import Outcome
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 from streamtx.wire import decode_rowdata, encode_rowdata, params_from_proto
@@ -105,7 +106,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         ts, parts = await self.front.checkpoint()
         return pb.CheckpointResponse(
             timestamp=ts,
-            partitions=[pb.PartitionCheckpoint(partition=i, path=p["path"], lsn=p["lsn"]) for i, p in enumerate(parts)],
+            partitions=[pb.PartitionCheckpoint(partition=i, path=p.path, lsn=p.lsn) for i, p in enumerate(parts)],
         )
 
     @rpc(admin=True)
@@ -489,15 +490,14 @@ def _short(values: list[int]) -> str:
     return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... ({len(values)} counts)]"
 
 
-def _fill_ack(ack: pb.PushAck, outcome: dict[str, Any]) -> pb.PushAck:
-    ack.outcome = OUTCOMES[outcome["outcome"]]
-    ack.timestamp = outcome["ts"]
-    ack.code = outcome.get("code", 0)
-    ack.reason = outcome.get("reason", "")
-    ack.original = OUTCOMES[outcome.get("original", "")]
-    aborted = outcome.get("aborted_tes")
-    if aborted and not ack.reason:
-        ack.reason = "downstream TE aborted: " + "; ".join(aborted)
+def _fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
+    ack.outcome = OUTCOMES[outcome.outcome]
+    ack.timestamp = outcome.ts
+    ack.code = outcome.code
+    ack.reason = outcome.reason
+    ack.original = OUTCOMES[outcome.original]
+    if outcome.aborted_tes and not ack.reason:
+        ack.reason = "downstream TE aborted: " + "; ".join(outcome.aborted_tes)
     return ack
 
 

@@ -30,14 +30,16 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from streamtx.server import protocol as pr
 from streamtx.server.front.exchange import read_rows
-from streamtx.server.front.partitions import HOME, Restarted, checked, first_outcome
+from streamtx.server.front.partitions import HOME, Restarted, checked
 from streamtx.server.ipc import join_runs
 from streamtx.server.partition.exchange import Exchange
+from streamtx.server.protocol import Outcome
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
@@ -54,14 +56,14 @@ class SpanPush:
     table: pa.Table
     procedure: str
     involved: tuple[int, ...]  # the partitions its TE runs on alone: its keys' owner, or home and the owners
-    alone: Callable[[], Awaitable[dict[str, Any]]]
+    alone: Callable[[], Awaitable[Outcome]]
 
 
 class Spans:
     def __init__(self, front: Front) -> None:
         self.front = front
 
-    async def run(self, pushes: list[SpanPush]) -> list[dict[str, Any] | BaseException]:
+    async def run(self, pushes: list[SpanPush]) -> list[Outcome | BaseException]:
         """Each batch's outcome, in order (an exception for a batch that failed alone)."""
         front = self.front
         last_ts = pushes[-1].ts
@@ -72,10 +74,7 @@ class Spans:
             if last_ts in front.supervisor.done:
                 return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
             again = await self.run(pushes)
-            return [
-                o if isinstance(o, BaseException) else first_outcome(o, p.ts)
-                for o, p in zip(again, pushes, strict=True)
-            ]
+            return [o if isinstance(o, BaseException) else o.first(p.ts) for o, p in zip(again, pushes, strict=True)]
         except BaseException:
             await front.coordinator.undo_everywhere(last_ts)
             raise
@@ -85,12 +84,12 @@ class Spans:
         front.counters["spans"] += 1
         front.counters["coordinated"] += 1
         for o in outcomes:
-            front.counters[o["outcome"]] += 1
-            for s in o["emitted"]:
+            front.counters[o.outcome] += 1
+            for s in o.emitted:
                 front.notify(s)
         return list(outcomes)
 
-    async def _span(self, pushes: list[SpanPush]) -> list[dict[str, Any]] | None:
+    async def _span(self, pushes: list[SpanPush]) -> list[Outcome] | None:
         """Runs the span's three rounds; None if the partitions did not all take it (it was undone)."""
         front = self.front
         parts = sorted(set().union(*(p.involved for p in pushes)))
@@ -101,26 +100,25 @@ class Spans:
         sends = []
         for part in parts:
             ex_head, ex_tables = Exchange(merged, frozenset(parts), part == HOME).wire()
-            header = {"op": "span", "pushes": wire, "runs": runs, "exchange": ex_head}
-            sends.append(front.partitions[part].send(header, joined + ex_tables))
-        replies = [head for head, _ in await asyncio.gather(*sends)]
-        verdicts = [_verdicts(r) if r.get("ok") else None for r in replies]
+            sends.append(front.partitions[part].send(pr.Span(wire, runs, ex_head), joined + ex_tables))
+        replies = [ran for ran, _ in await asyncio.gather(*sends)]
+        verdicts = [None if isinstance(r, pr.Failed) else _verdicts(r) for r in replies]
         if any(v is None or v != verdicts[0] for v in verdicts):
             await front.coordinator.decide(set(parts), False, last_ts)
             return None
         await front.coordinator.decide(set(parts), True, last_ts)
         if front.config.durability != "off":
             # durable on the home partition: recovery replays the span on every partition
-            checked(await front.partitions[HOME].send({"op": "done", "ts": last_ts}))
-        return replies[parts.index(HOME)]["outcomes"]
+            checked(await front.partitions[HOME].send(pr.Done(last_ts)))
+        return replies[parts.index(HOME)].outcomes
 
 
-def _verdicts(reply: dict[str, Any]) -> list[tuple[str, int, str]]:
-    return [(o["outcome"], o["code"], o["reason"]) for o in reply["outcomes"]]
+def _verdicts(ran: pr.SpanRan) -> list[tuple[str, int, str]]:
+    return [(o.outcome, o.code, o.reason) for o in ran.outcomes]
 
 
-async def _one_by_one(pushes: list[SpanPush]) -> list[dict[str, Any] | BaseException]:
-    out: list[dict[str, Any] | BaseException] = []
+async def _one_by_one(pushes: list[SpanPush]) -> list[Outcome | BaseException]:
+    out: list[Outcome | BaseException] = []
     for p in pushes:
         try:
             out.append(await p.alone())

@@ -27,7 +27,7 @@ batch ends where its tuples pushed one by one would, and stays atomic.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -35,42 +35,18 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
+from streamtx.server import protocol as pr
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import Exchange, keep_owned
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.ownership import Unspannable
+from streamtx.server.protocol import Outcome, TeSpec
 
 if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
 from streamtx.server.partition.state import Values, run_values, table_rows
 from streamtx.server.partition.transaction import Transaction
 from streamtx.server.statetx import Event, Row, StateProcedure
-
-
-@dataclass
-class Outcome:
-    """What a command did, sent back to the front."""
-
-    outcome: str  # committed | duplicate | rejected
-    ts: int
-    code: int = 0
-    reason: str = ""
-    original: str = ""
-    emitted: set[str] = field(default_factory=set)
-    tes: int = 0
-    aborted_tes: list[str] = field(default_factory=list)
-
-    def header(self) -> dict[str, Any]:
-        return {
-            "outcome": self.outcome,
-            "ts": self.ts,
-            "code": self.code,
-            "reason": self.reason,
-            "original": self.original,
-            "emitted": sorted(self.emitted),
-            "tes": self.tes,
-            "aborted_tes": self.aborted_tes,
-        }
 
 
 @dataclass(frozen=True)
@@ -91,7 +67,7 @@ class _Span:
     pushes: list[Push]
     involved: list[list[int]]
     exchange: Exchange
-    wire: tuple[dict[str, Any], list[pa.Table]]  # as the front sent it: what the command log keeps
+    wire: tuple[pr.Span, list[pa.Table]]  # as the front sent it: what the command log keeps
     values: list[list[Values]]  # each batch's rows, converted once for the span
     outcomes: list[Outcome] = field(default_factory=list)
     taken: list[Taken] = field(default_factory=list)
@@ -99,15 +75,13 @@ class _Span:
     rejected: int = 0
 
     @classmethod
-    def from_wire(cls, h: dict[str, Any], tables: list[pa.Table]) -> _Span:
-        runs = h["runs"]
-        batches, values = run_values(runs, tables[: len(runs)])
-        pushes = [Push(s, producer, b, ts, t) for (s, producer, b, ts, _), t in zip(h["pushes"], batches, strict=True)]
-        exchange = Exchange.from_wire(h["exchange"], tables[len(runs) :])
+    def from_wire(cls, c: pr.Span, tables: list[pa.Table]) -> _Span:
+        batches, values = run_values(c.runs, tables[: len(c.runs)])
+        pushes = [Push(s, producer, b, ts, t) for (s, producer, b, ts, _), t in zip(c.pushes, batches, strict=True)]
+        exchange = Exchange.from_wire(c.exchange, tables[len(c.runs) :])
         assert exchange is not None
         exchange.span = True
-        head = {"pushes": h["pushes"], "runs": runs, "exchange": h["exchange"]}
-        return cls(pushes, [list(i) for *_, i in h["pushes"]], exchange, (head, tables), values)
+        return cls(pushes, [list(i) for *_, i in c.pushes], exchange, (c, tables), values)
 
 
 BORDER_UNIT = "(entry TEs of the batch)"
@@ -131,7 +105,7 @@ class Dataflow:
         self._open = False  # a coordinated command's transaction is open, awaiting `decide`
         self._open_windows: Any = None
         self._open_stored: set[str] = set()
-        self._open_specs: list[tuple[dict[str, Any], pa.Table]] = []
+        self._open_specs: list[tuple[TeSpec, pa.Table]] = []
         self._open_params: dict[str, Any] | None = None
         self._open_exchange: Exchange | None = None  # the open fragment's merged state rows, logged with it
         self._open_span: _Span | None = None  # the open span, if the open transaction is one
@@ -221,7 +195,9 @@ class Dataflow:
         return out, run.results
 
     # ------------------------------------------------- coordinated commands
-    def run_fragment(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+    def run_fragment(
+        self, c: pr.Fragment, tables: list[pa.Table]
+    ) -> tuple[pr.FragmentRan | pr.FragmentAborted | Outcome, list[pa.Table]]:
         """This partition's TEs of one step of a coordinated command, left uncommitted for `decide`.
 
         The front sends nothing else to this partition until it decides, so the
@@ -233,11 +209,10 @@ class Dataflow:
         Outputs go back to the front, which routes them: no PE trigger fires here.
         """
         eng = self.engine
-        push = h.get("push")
-        if push is not None and not self._open:
-            dup = self._duplicate(push["producer"], push["stream"], push["batch_id"])
+        if c.push is not None and not self._open:
+            dup = self._duplicate(*c.push)
             if dup is not None:
-                return {"duplicate": dup.header()}, []
+                return dup, []
         if not self._open:
             eng.begin()
             self._open_windows = eng.windows.snapshot()
@@ -246,35 +221,34 @@ class Dataflow:
             self._open_exchange = None
             self._open = True
         eng.coordinated = True
-        inputs, extra = tables[: len(h["tes"])], tables[len(h["tes"]) :]
-        exchange = Exchange.from_wire(h.get("exchange"), extra)
+        inputs, extra = tables[: len(c.tes)], tables[len(c.tes) :]
+        exchange = Exchange.from_wire(c.exchange, extra)
         try:
-            emitted, stored, results, result_ids = self.run_specs(h["ts"], h["tes"], inputs, h.get("params"), exchange)
+            emitted, stored, results, result_ids = self.run_specs(c.ts, c.tes, inputs, c.params, exchange)
         except StreamTxError as e:
             self._rollback(self._open_windows)
             self._open = False
             self._open_specs = []
             self._open_exchange = None
-            return {"aborted": True, "code": e.code.value[0], "reason": e.message}, []
+            return pr.FragmentAborted(e.code.value[0], e.message), []
         finally:
             eng.coordinated = False
             eng.prepared.clear()
-        self._open_specs += list(zip(h["tes"], inputs, strict=True))
-        self._open_params = h.get("params")
+        self._open_specs += list(zip(c.tes, inputs, strict=True))
+        self._open_params = c.params
         self._open_exchange = exchange or self._open_exchange
         self._open_stored |= stored
         eng.counters["fragments"] += 1
         streams = sorted(emitted)
         out = [pa.concat_tables(emitted[s]) for s in streams]
-        reply = {"aborted": False, "emitted": streams, "stored": sorted(stored), "result_ids": result_ids}
-        if "autocommit" in h:
-            self.decide({"commit": True, "ts": h["ts"], "mark": h["autocommit"]["mark"]})
-        return reply, out + results
+        if c.autocommit:
+            self.decide(pr.Decide(True, c.ts, c.mark))
+        return pr.FragmentRan(streams, sorted(stored), result_ids), out + results
 
     def run_specs(
         self,
         ts: int,
-        specs: list[dict[str, Any]],
+        specs: Sequence[TeSpec],
         tables: list[pa.Table],
         params: dict[str, Any] | None,
         exchange: Exchange | None = None,
@@ -290,7 +264,7 @@ class Dataflow:
             self.engine.exchange = None
 
     def _run_specs(
-        self, ts: int, specs: list[dict[str, Any]], tables: list[pa.Table], params: dict[str, Any] | None
+        self, ts: int, specs: Sequence[TeSpec], tables: list[pa.Table], params: dict[str, Any] | None
     ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
         run = _Run(self, ts, {})
         run.call_params = params
@@ -299,10 +273,10 @@ class Dataflow:
         result_ids: list[int] = []
         stored: set[str] = set()
         for spec, table in zip(specs, tables, strict=True):
-            stream = spec["stream"]
+            stream = spec.stream
             if stream is not None:
                 run.inputs[stream] = table
-            te = _TE(spec["procedure"], stream, None, border=spec["border"], entry=spec["entry"])
+            te = _TE(spec.procedure, stream, None, border=spec.border, entry=spec.entry)
             tx = run._transaction(te)
             run._run_te(te, tx)
             for s, parts in tx.emitted.items():
@@ -316,7 +290,7 @@ class Dataflow:
     def replay_tes(
         self,
         ts: int,
-        specs: list[dict[str, Any]],
+        specs: Sequence[TeSpec],
         tables: list[pa.Table],
         params: dict[str, Any] | None,
         mark: Any,
@@ -345,38 +319,35 @@ class Dataflow:
             eng.marks.ran(ts)
         self._keep({s: [ts] for s in stored})
 
-    def decide(self, h: dict[str, Any]) -> dict[str, Any]:
+    def decide(self, c: pr.Decide) -> None:
         """Commits or undoes the open coordinated transaction; records the batch's mark or rejection."""
         eng = self.engine
-        ts = h["ts"]
+        ts = c.ts
         span, self._open_span = self._open_span, None
-        if h["commit"] and self._open and span is not None:
+        if c.commit and self._open and span is not None:
             eng.commit()
             self._commit_span(span)
             if self.journal is not None:
                 self.journal.span(span.pushes[-1].ts, *span.wire)
-        elif h["commit"] and self._open:
-            self._commit_with_mark(ts, h.get("mark"), self._open_stored)
+        elif c.commit and self._open:
+            self._commit_with_mark(ts, c.mark, self._open_stored)
             if self.journal is not None:
-                self.journal.fragments(ts, self._open_specs, self._open_params, h.get("mark"), self._open_exchange)
+                self.journal.fragments(ts, self._open_specs, self._open_params, c.mark, self._open_exchange)
         elif self._open:
             self._rollback(self._open_windows)
         self._open = False
         self._open_stored = set()
         self._open_specs = []
         self._open_exchange = None
-        eng.marks.ran(ts)
-        rejection = h.get("rejection")
-        if rejection is not None:
-            producer, stream, batch_id, code, reason = rejection
+        if c.rejection is not None:
+            producer, stream, batch_id, code, reason = c.rejection
             if not eng.marks.taken(producer, stream, batch_id):
                 eng.record_rejection(producer, stream, batch_id, ts, code, reason)
                 if self.journal is not None:
                     self.journal.reject(producer, stream, batch_id, ts, code, reason)
-        return {}
 
     # ------------------------------------------------------------------ spans
-    def run_span(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+    def run_span(self, c: pr.Span, tables: list[pa.Table]) -> tuple[pr.SpanRan, list[pa.Table]]:
         """A punctuation interval of state batches over several partitions, left uncommitted for `decide`.
 
         Every involved partition runs every batch of the span (front/spans.py),
@@ -388,8 +359,8 @@ class Dataflow:
         and runs its batches one at a time.
         """
         if self._open:
-            raise Internal(f"span at ts {h['pushes'][-1][3]}: a coordinated transaction is still open")
-        span = _Span.from_wire(h, tables)
+            raise Internal(f"span at ts {c.pushes[-1][3]}: a coordinated transaction is still open")
+        span = _Span.from_wire(c, tables)
         saved = self.engine.windows.snapshot()
         self.engine.begin()
         try:
@@ -402,11 +373,11 @@ class Dataflow:
             self._rollback(saved)
             raise
         self._open, self._open_windows, self._open_span = True, saved, span
-        return {"outcomes": [o.header() for o in span.outcomes]}, []
+        return pr.SpanRan(span.outcomes), []
 
-    def replay_span(self, head: dict[str, Any], tables: list[pa.Table]) -> None:
+    def replay_span(self, c: pr.Span, tables: list[pa.Table]) -> None:
         """Re-runs a logged span as it committed (recovery)."""
-        span = _Span.from_wire(head, tables)
+        span = _Span.from_wire(c, tables)
         saved = self.engine.windows.snapshot()
         self.engine.begin()
         try:
@@ -580,8 +551,7 @@ class Dataflow:
         if batch_id > within and not eng.marks.taken(producer, stream, batch_id):
             return None
         eng.counters["duplicates"] += 1
-        orig = eng.original_outcome(producer, stream, batch_id)
-        return Outcome("duplicate", orig["ts"], orig["code"], orig["reason"], orig["original"])
+        return eng.original_outcome(producer, stream, batch_id)
 
     def run_body(self, tx: Transaction, procedure: str) -> None:
         """Feeds the procedure's windows with its input, then runs its code."""
@@ -655,7 +625,7 @@ class _Run:
         self._rows: tuple[int, ...] = ()  # the tuple positions of the FOR EACH ROW TEs running
         self._group: str | None = None  # the transaction group of the TEs running back to back
         self._instance: list[tuple[_Key, _TE]] = []  # the open group's TEs so far
-        self.logged: list[tuple[dict[str, Any], pa.Table | None]] = []  # committed TEs, for strong logging
+        self.logged: list[tuple[TeSpec, pa.Table | None]] = []  # committed TEs, for strong logging
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
 
     def start_push(self, p: Push) -> None:
@@ -782,7 +752,7 @@ class _Run:
         return best
 
     def _log(self, te: _TE) -> None:
-        spec = {"procedure": te.procedure, "stream": te.stream, "border": te.border, "entry": te.entry}
+        spec = TeSpec(te.procedure, te.stream, te.border, te.entry)
         self.logged.append((spec, self.inputs.get(te.stream) if te.stream else None))
 
     def _run_te(self, te: _TE, tx: Transaction) -> None:

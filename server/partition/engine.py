@@ -39,6 +39,7 @@ from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
 from streamtx.server.partitioning import KEY_TYPES, PartitionMap
+from streamtx.server.protocol import Outcome
 from streamtx.server.pyproc import ProcedureLoader
 from streamtx.server.statetx import Event
 
@@ -251,7 +252,7 @@ class Engine:
             {"p": producer, "s": stream, "b": batch_id, "ts": ts, "c": code, "r": reason},
         )
 
-    def original_outcome(self, producer: str, stream: str, batch_id: int) -> dict[str, Any]:
+    def original_outcome(self, producer: str, stream: str, batch_id: int) -> Outcome:
         """What this partition knows of a batch it may have taken: rejected (and why), else committed.
 
         The timestamp of a committed batch is exact for the latest
@@ -265,15 +266,8 @@ class Engine:
             key,
         ).fetchone()
         if row is not None:
-            return {
-                "outcome": "duplicate",
-                "original": "rejected",
-                "ts": row[0],
-                "code": row[1],
-                "reason": row[2],
-            }
-        ts = self.state.taken_ts(producer, stream, batch_id) or 0
-        return {"outcome": "duplicate", "original": "committed", "ts": ts, "code": 0, "reason": ""}
+            return Outcome("duplicate", row[0], row[1], row[2], original="rejected")
+        return Outcome("duplicate", self.state.taken_ts(producer, stream, batch_id) or 0, original="committed")
 
     # ------------------------------------------------------------ stream storage
     def retain(self, stream: str, batch_ids: list[int]) -> None:

@@ -34,6 +34,7 @@ from streamtx.server.catalog.compile import quote
 from streamtx.server.catalog.placement import REPLICATED, SINGLE
 from streamtx.server.partition import ownership
 from streamtx.server.partition.state import table_rows
+from streamtx.server.protocol import StateRows
 from streamtx.server.statetx import Event, Key, Row, StateProcedure, WorkingSet, apply_event
 
 if TYPE_CHECKING:
@@ -86,7 +87,7 @@ def state_procedure(engine: Engine, procedure: str) -> StateProcedure:
     return fn
 
 
-def read_owned(engine: Engine, items: list[tuple[str, int, list[Row]]]) -> tuple[dict[str, Any], list[pa.Table]]:
+def read_owned(engine: Engine, items: list[tuple[str, int, list[Row]]]) -> tuple[StateRows, list[pa.Table]]:
     """Round 1: the rows held here of the keys named by the events of each (procedure, ts, batch rows).
 
     A batch whose pre_process fails names nothing: the second round fails it
@@ -115,7 +116,7 @@ def read_owned(engine: Engine, items: list[tuple[str, int, list[Row]]]) -> tuple
         if mine_keys:
             names.append(table)
             out.append(_rows(engine, table, mine_keys))
-    return {"tables": names}, out
+    return StateRows(names), out
 
 
 def run_replicated(tx: Transaction, proc: StateProcedure, ex: Exchange) -> None:

@@ -40,7 +40,6 @@ import pyarrow as pa
 
 from streamtx.recovery import (
     CommandLog,
-    Kind,
     LogReader,
     NullLog,
     decode_command,
@@ -51,20 +50,17 @@ from streamtx.recovery import (
 from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
 from streamtx.recovery.records import Record
+from streamtx.recovery.records import RecordKind as K
+from streamtx.server import protocol as pr
 from streamtx.server.ipc import join_runs, split_runs
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
+from streamtx.server.protocol import TeSpec
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.dataflow import Dataflow, Outcome, Push, _Run
+    from streamtx.server.partition.dataflow import Dataflow, Push, _Run
 
 MODES = ("strong", "weak", "off")
-FRAGMENTS = 6  # record kind: the fragments of a coordinated command committed here
-DONE = 7  # record kind (home partition): a coordinated command finished on every partition
-SPAN = 8  # record kind: a span (state batches over several partitions, with their merged rows) committed here
-INTERVAL = 9  # record kind (strong): the TEs of the batches one interval committed, in order
-PUSHES = 10  # record kind (weak): the batches one interval committed, in order
-UNDONE = 11  # record kind: the coordinated command's records before this one (same ts) were rolled back
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -91,17 +87,17 @@ class Journal:
     def last_lsn(self) -> int:
         return self.log.last_lsn
 
-    def _append(self, kind: int, ts: int, header: dict[str, Any], tables: list[pa.Table]) -> None:
+    def _append(self, kind: K, ts: int, header: dict[str, Any], tables: list[pa.Table]) -> None:
         if self.mode != "off":
             self.log.append(kind, encode_command(header, tables), ts)
             if self.sync:
                 self.log.flush()
 
     # ------------------------------------------------------------- writing
-    def push(self, p: Push, run: _Run, rejected: bool, outcome: Outcome | None = None) -> None:
+    def push(self, p: Push, run: _Run, rejected: bool, outcome: pr.Outcome | None = None) -> None:
         if self.mode == "weak":
             head = {"stream": p.stream, "producer": p.producer, "batch_id": p.batch_id}
-            self._append(Kind.PUSH, p.ts, head, [p.batch])
+            self._append(K.PUSH, p.ts, head, [p.batch])
             return
         self._tes(p.ts, run.logged, None, [p.producer, p.stream, p.batch_id])
         if rejected and outcome is not None:
@@ -123,7 +119,7 @@ class Journal:
             order = _grouped([p.stream for p, _ in committed])
             runs, joined = join_runs([committed[i][0].batch for i in order])
             pushes = [[p.stream, p.producer, p.batch_id, p.ts] for p, _ in committed]
-            self._append(PUSHES, last_ts, {"pushes": pushes, "order": order, "runs": runs}, joined)
+            self._append(K.PUSHES, last_ts, {"pushes": pushes, "order": order, "runs": runs}, joined)
             return
         batches: list[list[Any]] = []
         flat: list[pa.Table] = []
@@ -131,69 +127,69 @@ class Journal:
         for p, run in committed:
             specs, inputs = [], []
             for spec, table in run.logged:
-                specs.append(spec)
+                specs.append(spec.to_log())
                 inputs.append(-1 if table is None else len(flat))
                 if table is not None:
                     flat.append(table)
-                    streams.append(spec["stream"])
-            mark = [p.producer, p.stream, p.batch_id] if any(s["border"] for s in specs) else None
+                    streams.append(spec.stream)
+            mark = [p.producer, p.stream, p.batch_id] if any(s.border for s, _ in run.logged) else None
             batches.append([p.ts, mark, specs, inputs])
         order = _grouped(streams)
         runs, joined = join_runs([flat[i] for i in order])
-        self._append(INTERVAL, last_ts, {"batches": batches, "order": order, "runs": runs}, joined)
+        self._append(K.INTERVAL, last_ts, {"batches": batches, "order": order, "runs": runs}, joined)
 
     def call(self, procedure: str, params: dict[str, Any], ts: int, run: _Run) -> None:
         if self.mode == "weak":
-            self._append(Kind.CALL, ts, {"procedure": procedure, "params": params}, [])
+            self._append(K.CALL, ts, {"procedure": procedure, "params": params}, [])
         else:
             self._tes(ts, run.logged, params, None)
 
     def reject(self, producer: str, stream: str, batch_id: int, ts: int, code: int, reason: str) -> None:
         head = {"producer": producer, "stream": stream, "batch_id": batch_id, "code": code, "reason": reason}
-        self._append(Kind.REJECT, ts, head, [])
+        self._append(K.REJECT, ts, head, [])
 
     def install(self, catalog: str, ddl: list[str], partition_map: str | None) -> None:
-        self._append(Kind.INSTALL, 0, {"catalog": catalog, "ddl": ddl, "map": partition_map}, [])
+        self._append(K.INSTALL, 0, {"catalog": catalog, "ddl": ddl, "map": partition_map}, [])
 
     def done(self, ts: int) -> None:
-        self._append(DONE, ts, {}, [])
+        self._append(K.DONE, ts, {}, [])
 
     def fragments(
         self,
         ts: int,
-        specs: list[tuple[dict[str, Any], pa.Table]],
+        specs: list[tuple[TeSpec, pa.Table]],
         params: dict[str, Any] | None,
         mark: Any,
         exchange: Exchange | None = None,
     ) -> None:
         """A coordinated command's fragments committed here, with the merged state rows a state TE used."""
-        head = {"specs": [s for s, _ in specs], "params": params, "mark": mark}
+        head = {"specs": [s.to_log() for s, _ in specs], "params": params, "mark": mark}
         extra: list[pa.Table] = []
         if exchange is not None:
             head["exchange"], extra = exchange.wire()
-        self._append(FRAGMENTS, ts, head, [t for _, t in specs] + extra)
+        self._append(K.FRAGMENTS, ts, head, [t for _, t in specs] + extra)
 
-    def span(self, ts: int, head: dict[str, Any], tables: list[pa.Table]) -> None:
+    def span(self, ts: int, span: pr.Span, tables: list[pa.Table]) -> None:
         """A span committed here, as the front sent it (its batches and the merged rows); `ts` is its last batch's."""
-        self._append(SPAN, ts, head, tables)
+        self._append(K.SPAN, ts, span.to_log(), tables)
 
     def _tes(
         self,
         ts: int,
-        logged: list[tuple[dict[str, Any], pa.Table | None]],
+        logged: list[tuple[TeSpec, pa.Table | None]],
         params: dict[str, Any] | None,
         mark: list[Any] | None,
     ) -> None:
         n = len(logged)
         for i, (spec, table) in enumerate(logged):
-            head = {"i": i, "n": n, "spec": spec, "params": params, "mark": mark if spec["border"] else None}
-            self._append(Kind.TE, ts, head, [table] if table is not None else [])
+            head = {"i": i, "n": n, "spec": spec.to_log(), "params": params, "mark": mark if spec.border else None}
+            self._append(K.TE, ts, head, [table] if table is not None else [])
 
     # ------------------------------------------------------------ recovery
-    def recovery_info(self, data_dir: Path | None) -> dict[str, Any]:
+    def recovery_info(self, data_dir: Path | None) -> pr.Recoverable:
         """What the front needs to choose a consistent recovery: complete checkpoints, finished commands."""
         if data_dir is None:
-            return {"checkpoints": [], "done": [], "last_ts": 0}
+            return pr.Recoverable([], [], 0)
         ckpts = [checkpoint_ts(p) for p in list_checkpoints(data_dir / "checkpoints")]
         done = []
         last_ts = max(ckpts, default=0)
@@ -201,9 +197,9 @@ class Journal:
         if log_dir.exists():
             for r in LogReader(log_dir).records():
                 last_ts = max(last_ts, r.ts)
-                if r.kind == DONE:
+                if r.kind == K.DONE:
                     done.append(r.ts)
-        return {"checkpoints": ckpts, "done": done, "last_ts": last_ts}
+        return pr.Recoverable(ckpts, done, last_ts)
 
     def recover(
         self,
@@ -213,7 +209,7 @@ class Journal:
         log_dir: Path,
         done: set[int],
         partition: int,
-    ) -> dict[str, Any]:
+    ) -> pr.Recovered:
         """Loads the chosen checkpoint, then replays the log after it; reports progress on stderr.
 
         Fragments of a coordinated command (and spans) are replayed only if the command
@@ -247,17 +243,17 @@ class Journal:
                 head, tables = decode_command(record.payload)
                 for producer, stream, batch_id in _taken(record.kind, head):
                     taken.setdefault((producer, stream), []).append(batch_id)
-                if record.kind == Kind.PUSH:
+                if record.kind == K.PUSH:
                     pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
-                elif record.kind == PUSHES:
+                elif record.kind == K.PUSHES:
                     batches = _ungrouped(head, tables)
                     pushes += [Push(s, p, b, ts, t) for (s, p, b, ts), t in zip(head["pushes"], batches, strict=True)]
-                if record.kind in (Kind.PUSH, PUSHES) and len(pushes) < REPLAY_INTERVAL:
+                if record.kind in (K.PUSH, K.PUSHES) and len(pushes) < REPLAY_INTERVAL:
                     continue
                 if pushes:
                     flow.run_pushes(pushes)
                     pushes = []
-                if record.kind not in (Kind.PUSH, PUSHES):
+                if record.kind not in (K.PUSH, K.PUSHES):
                     self._replay(flow, record.kind, record.ts, head, tables, pending)
                 if time.monotonic() - last_report > 1.0:
                     _say(partition, f"replayed {count}/{total} log records")
@@ -265,7 +261,7 @@ class Journal:
             if pushes:
                 flow.run_pushes(pushes)
         for ts in sorted(doubt):  # so that the same command run again at `ts` is told apart from these
-            self._append(UNDONE, ts, {}, [])
+            self._append(K.UNDONE, ts, {}, [])
         if doubt:
             self.log.flush()
         seconds = time.monotonic() - started
@@ -274,13 +270,7 @@ class Journal:
         if found is not None or total:
             name = found.name if found is not None else "none"
             _say(partition, f"recovered: checkpoint {name}, {count} log records, {seconds:.2f} s")
-        return {
-            "checkpoint_lsn": lsn,
-            "replayed": count,
-            "seconds": seconds,
-            "checkpointed": checkpointed,
-            "taken": taken,
-        }
+        return pr.Recovered(lsn, count, seconds, checkpointed, taken)
 
     def _replay(
         self,
@@ -293,37 +283,38 @@ class Journal:
     ) -> None:
         eng = flow.engine
         eng.state.sync()  # as before any command but a push (Worker.handle)
-        if kind == Kind.INSTALL:
+        if kind == K.INSTALL:
             eng.install(head["catalog"], head["ddl"], head["map"])
-        elif kind == Kind.CALL:
+        elif kind == K.CALL:
             try:
                 flow.run_call(head["procedure"], head["params"], ts)
             except Exception:  # a call that failed changed nothing, then as now
                 pass
-        elif kind == Kind.REJECT:
+        elif kind == K.REJECT:
             if not eng.marks.taken(head["producer"], head["stream"], head["batch_id"]):
                 eng.record_rejection(
                     head["producer"], head["stream"], head["batch_id"], ts, head["code"], head["reason"]
                 )
-        elif kind == DONE:
+        elif kind == K.DONE:
             pass
-        elif kind == SPAN:
-            flow.replay_span(head, tables)
-        elif kind == INTERVAL:
+        elif kind == K.SPAN:
+            flow.replay_span(pr.Span.from_log(head), tables)
+        elif kind == K.INTERVAL:
             flat = _ungrouped(head, tables)
             for batch_ts, mark, specs, inputs in head["batches"]:
                 relations = [flat[i] if i >= 0 else pa.table({}) for i in inputs]
-                flow.replay_tes(batch_ts, specs, relations, None, mark)
-        elif kind == FRAGMENTS:
+                flow.replay_tes(batch_ts, [TeSpec.from_log(d) for d in specs], relations, None, mark)
+        elif kind == K.FRAGMENTS:
             n = len(head["specs"])
             exchange = Exchange.from_wire(head.get("exchange"), tables[n:])
-            flow.replay_tes(ts, head["specs"], tables[:n], head["params"], head["mark"], exchange)
-        elif kind == Kind.TE:
+            specs = [TeSpec.from_log(d) for d in head["specs"]]
+            flow.replay_tes(ts, specs, tables[:n], head["params"], head["mark"], exchange)
+        elif kind == K.TE:
             if head["i"] == 0:
                 pending.clear()
             pending.append((head, tables, ts))
             if head["i"] == head["n"] - 1 and len(pending) == head["n"]:
-                specs = [h["spec"] for h, _, _ in pending]
+                specs = [TeSpec.from_log(h["spec"]) for h, _, _ in pending]
                 inputs = [t[0] if t else pa.table({}) for _, t, _ in pending]
                 marks = [h["mark"] for h, _, _ in pending if h["mark"] is not None]
                 flow.replay_tes(ts, specs, inputs, head["params"], marks[0] if marks else None)
@@ -343,10 +334,10 @@ def _settled(
     held: list[tuple[int, int, Record]] = []
     for item in records:
         record = item[2]
-        if record.kind == UNDONE:
+        if record.kind == K.UNDONE:
             held = [h for h in held if h[2].ts != record.ts]
             doubt.discard(record.ts)
-        elif record.kind in (FRAGMENTS, SPAN):
+        elif record.kind in (K.FRAGMENTS, K.SPAN):
             if record.ts in done:
                 held.append(item)
             else:
@@ -360,16 +351,16 @@ def _settled(
 
 def _taken(kind: int, head: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     """The batches a record shows taken (committed or rejected): (producer, stream, batch id)."""
-    if kind in (Kind.PUSH, Kind.REJECT):
+    if kind in (K.PUSH, K.REJECT):
         yield head["producer"], head["stream"], head["batch_id"]
-    elif kind in (PUSHES, SPAN):  # [stream, producer, batch id, ts, ...] per batch
+    elif kind in (K.PUSHES, K.SPAN):  # [stream, producer, batch id, ts, ...] per batch
         for stream, producer, batch_id, *_ in head["pushes"]:
             yield producer, stream, batch_id
-    elif kind == INTERVAL:
+    elif kind == K.INTERVAL:
         for _, mark, _, _ in head["batches"]:
             if mark:
                 yield mark[0], mark[1], mark[2]
-    elif kind in (Kind.TE, FRAGMENTS) and head.get("mark"):
+    elif kind in (K.TE, K.FRAGMENTS) and head.get("mark"):
         yield head["mark"][0], head["mark"][1], head["mark"][2]
 
 

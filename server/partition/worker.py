@@ -20,6 +20,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ import pyarrow as pa
 
 from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
+from streamtx.server import protocol as pr
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -37,17 +40,31 @@ from streamtx.server.partition.state import run_values
 from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
-WAKE_OP = "__wake__"  # inbox marker: the command log made more records durable
-CHECKPOINTED_OP = "__checkpointed__"  # inbox marker: the checkpoint writer finished
-WAKE: list[Frame] = [({"op": WAKE_OP}, [])]
 KEEP_UNRELEASED = 1_000  # checkpoints written but not yet known complete on every partition
-LOGGED_OPS = frozenset({"reject", "call", "install", "decide", "done"})
+LOGGED = frozenset({pr.Reject, pr.Call, pr.Install, pr.Decide, pr.Done})
 """Commands whose effects are logged: answered only once durable (pushes too, via `_pushes`)."""
 _fault = os.environ.get("STREAMTX_FAULT_EXIT_BEFORE_ACK", "").split(":", 2)
 FAULT_EXIT_BEFORE_ACK = (int(_fault[0]), int(_fault[1]), _fault[2]) if len(_fault) == 3 else None
 """Fault injection for tests (`Worker._maybe_fail_before_acks`)."""
-FAIL_STOP_OPS = frozenset({"push", "reject", "fragment", "decide", "span", "state_read", "done"})
-"""Commands that take a batch (or are a step of one): a bug in one stops the worker (`Worker._error`)."""
+
+
+@dataclass(frozen=True)
+class _Wake:
+    """Inbox marker: the command log made more records durable."""
+
+
+@dataclass(frozen=True)
+class _Written:
+    """Inbox marker: the checkpoint writer finished request `id` (or failed with `error`)."""
+
+    id: int
+    lsn: int
+    ts: int
+    path: str = ""
+    error: str = ""
+
+
+WAKE: list[Frame] = [(_Wake(), [])]
 
 
 def _die_with_parent(parent: int) -> None:
@@ -84,14 +101,36 @@ class Worker:
         self._backlog: collections.deque[Frame] = collections.deque()  # the rest of the inbox item taken last
         self.data_dir = data_dir
         self.journal = Journal.open(durability, data_dir, lambda _: self.inbox.put(WAKE), group_commit_ms)
-        self.acks: collections.deque[tuple[int, dict[str, Any], list[pa.Table]]] = collections.deque()
+        self.acks: collections.deque[tuple[int, pr.Response, list[pa.Table]]] = collections.deque()
         self.checkpointing = False
         self.acks_sent = 0
         self.written: dict[int, int] = {}  # checkpoint ts -> its lsn, until every partition has written it
+        self._current, self._again = 0, False  # the request being handled
+        self._handlers: dict[type, Callable[[Any, list[pa.Table]], tuple[Any, list[pa.Table]]]] = {
+            pr.Reject: self._reject,
+            pr.Fragment: lambda c, t: self.dataflow.run_fragment(c, t),
+            pr.StateRead: self._state_read,
+            pr.Span: lambda c, t: self.dataflow.run_span(c, t),
+            pr.Decide: lambda c, _: (self.dataflow.decide(c), []),
+            pr.Call: self._call,
+            pr.Query: lambda c, _: (None, [self.engine.query(c.sql, c.params)]),
+            pr.Gather: self._gather,
+            pr.ReadStream: self._read_stream,
+            pr.Install: self._install,
+            pr.Checkpoint: self._start_checkpoint,
+            pr.Release: self._release,
+            pr.RecoveryInfo: lambda c, _: (self.journal.recovery_info(self.data_dir), []),
+            pr.Recover: lambda c, _: (self.recover(c.checkpoint, set(c.done)), []),
+            pr.Done: lambda c, _: (self.journal.done(c.ts), []),
+            pr.Original: lambda c, _: (self.engine.original_outcome(c.producer, c.stream, c.batch_id), []),
+            pr.ReadMarks: self._read_marks,
+            pr.Echo: lambda c, t: (None, t),
+            pr.Status: lambda c, _: (self.engine.status(), []),
+        }
 
-    def recover(self, checkpoint_ts: int | None, done: set[int]) -> dict[str, Any]:
+    def recover(self, checkpoint_ts: int | None, done: set[int]) -> pr.Recovered:
         """Rebuilds the partition from the chosen checkpoint and its command log (the front chose both)."""
-        info: dict[str, Any] = {}
+        info = pr.Recovered()
         if self.data_dir is not None:
             part = self.data_dir
             try:
@@ -120,38 +159,38 @@ class Worker:
             held = None
             if frame is None:
                 return
-            header, tables = frame
-            op = header.get("op")
-            if op == WAKE_OP:
+            request, tables = frame
+            if isinstance(request, _Wake):
                 self._flush_acks()
                 continue
-            if op == CHECKPOINTED_OP:
-                self._checkpointed(header)
+            if isinstance(request, _Written):
+                self._checkpointed(request)
                 continue
-            if op == "shutdown":
+            command = request.command
+            if isinstance(command, pr.Shutdown):
                 self.journal.log.flush()
                 self._flush_acks()
                 self.journal.log.close()
-                self.frames.write({"id": header["id"], "ok": True})
+                self.frames.write(pr.Response(request.id))
                 return
-            if op == "push":
+            if isinstance(command, pr.Push):
                 group, held = self._interval(frame)
                 self._pushes(group)
                 self._await_log()
                 self._flush_acks()
                 continue
             try:
-                reply, out_tables = self.handle(header, tables)
+                reply, out_tables = self.handle(request, tables)
             except Exception as e:
-                self._error(header, e)
+                self._error(request, e)
                 continue
-            if op == "checkpoint":
+            if isinstance(command, pr.Checkpoint):
                 continue  # answered when the helper thread has written it
-            if op in LOGGED_OPS or (op == "fragment" and "autocommit" in header):
-                self._ack(header, reply, out_tables)
+            if type(command) in LOGGED or (isinstance(command, pr.Fragment) and command.autocommit):
+                self._ack(request, reply, out_tables)
                 self._flush_acks()
             else:
-                self._ok(header, reply, out_tables)
+                self._ok(request, reply, out_tables)
 
     def _next(self) -> Frame | None:
         """The next command; with none queued, acknowledgements waiting on the log are flushed first.
@@ -209,31 +248,33 @@ class Worker:
             if nxt is None:  # the front went away: let the main loop see it
                 self.inbox.put(None)
                 return group, None
-            if nxt[0].get("op") == WAKE_OP:
+            if isinstance(nxt[0], _Wake):
                 self._flush_acks()
                 continue
-            if nxt[0].get("op") != "push":
+            if not isinstance(nxt[0], pr.Request) or not isinstance(nxt[0].command, pr.Push):
                 return group, nxt
             group.append(nxt)
         return group, None
 
     def _pushes(self, group: list[Frame]) -> None:
         """Queued batches go to the dataflow together: one DuckDB transaction when none aborts."""
-        pushes = [Push(h["stream"], h["producer"], h["batch_id"], h["ts"], t[0]) for h, t in group]
+        pushes = []
+        for r, t in group:
+            c = r.command
+            pushes.append(Push(c.stream, c.producer, c.batch_id, c.ts, t[0]))
         try:
             results: list[Any] = self.dataflow.run_pushes(pushes)
         except Exception as e:
             results = [e] * len(group)
-        for (h, _), result in zip(group, results, strict=True):
+        for (r, _), result in zip(group, results, strict=True):
             if isinstance(result, Exception):
-                self._error(h, result)
+                self._error(r, result)
             else:
-                self._ack(h, result.header(), [])
+                self._ack(r, result, [])
 
-    def _ack(self, header: dict[str, Any], reply: dict[str, Any], tables: list[pa.Table]) -> None:
+    def _ack(self, request: pr.Request, reply: Any, tables: list[pa.Table]) -> None:
         """Answers a command once the log records of everything committed so far are durable."""
-        reply.update(id=header["id"], ok=True)
-        self.acks.append((self.journal.last_lsn, reply, tables))
+        self.acks.append((self.journal.last_lsn, pr.Response(request.id, reply), tables))
 
     def _flush_acks(self) -> None:
         if not self.acks:
@@ -266,40 +307,42 @@ class Worker:
             Path(fault[2]).write_text("died\n")
             os._exit(9)
 
-    def _start_checkpoint(self, header: dict[str, Any]) -> None:
+    def _start_checkpoint(self, command: pr.Checkpoint, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
         if self.data_dir is None:
             raise FailedPrecondition("checkpoint: this server has no data directory for partition state")
         if self.checkpointing:
             raise FailedPrecondition(f"checkpoint: partition {self.engine.partition} is still writing the last one")
-        snap, meta = checkpoints.begin(self.engine, self.journal.last_lsn, header["ts"])
+        snap, meta = checkpoints.begin(self.engine, self.journal.last_lsn, command.ts)
         self.checkpointing = True
         target = self.data_dir / "checkpoints"
+        rid = self._current
 
         def write() -> None:
-            done: dict[str, Any] = {"op": CHECKPOINTED_OP, "request": header["id"], "lsn": snap.lsn, "ts": snap.ts}
             try:
                 # pruned at `release`, not here: the last checkpoint every partition wrote must stay
-                done["path"] = str(snap.write(target, meta=meta, keep=KEEP_UNRELEASED, log=self.journal.log))
+                path = str(snap.write(target, meta=meta, keep=KEEP_UNRELEASED, log=self.journal.log))
+                done = _Written(rid, snap.lsn, snap.ts, path)
             except Exception as e:  # reported to the caller; the previous checkpoint stays in use
-                done["error"] = f"{type(e).__name__}: {e}"
+                done = _Written(rid, snap.lsn, snap.ts, error=f"{type(e).__name__}: {e}")
             self.inbox.put([(done, [])])
 
         threading.Thread(target=write, name="checkpoint-writer", daemon=True).start()
+        return None, []
 
-    def _checkpointed(self, done: dict[str, Any]) -> None:
+    def _checkpointed(self, done: _Written) -> None:
         self.checkpointing = False
-        if "error" in done:
-            self._error({"id": done["request"]}, Internal(f"checkpoint: {done['error']}"))
+        request = pr.Request(done.id, pr.Checkpoint(done.ts))
+        if done.error:
+            self._error(request, Internal(f"checkpoint: {done.error}"))
             return
-        self.written[done["ts"]] = done["lsn"]
+        self.written[done.ts] = done.lsn
         self.engine.counters["checkpoints"] += 1
-        self._ok({"id": done["request"]}, {"path": done["path"], "lsn": done["lsn"], "ts": done["ts"]}, [])
+        self._ok(request, pr.Checkpointed(done.path, done.lsn, done.ts), [])
 
-    def _ok(self, header: dict[str, Any], reply: dict[str, Any], tables: list[pa.Table]) -> None:
-        reply.update(id=header["id"], ok=True)
-        self.frames.write(reply, tables)
+    def _ok(self, request: pr.Request, reply: Any, tables: list[pa.Table]) -> None:
+        self.frames.write(pr.Response(request.id, reply), tables)
 
-    def _error(self, header: dict[str, Any], e: Exception) -> None:
+    def _error(self, request: pr.Request, e: Exception) -> None:
         """A StreamTxError is the client's answer; anything else is a bug, reported.
 
         A bug while taking a batch (or a step of a coordinated command) stops
@@ -311,87 +354,73 @@ class Worker:
         """
         if not isinstance(e, StreamTxError):
             traceback.print_exception(e, file=sys.stderr)
-            if header.get("op") in FAIL_STOP_OPS:
+            if type(request.command) in pr.TAKES_BATCH:
                 print(
-                    f"streamtx: partition {self.engine.partition}: internal error in {header['op']!r}; "
+                    f"streamtx: partition {self.engine.partition}: internal error in {request.command.name!r}; "
                     "stopping this worker (the front restarts it)",
                     file=sys.stderr,
                     flush=True,
                 )
                 os._exit(4)
             e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
-        self.frames.write({"id": header["id"], "ok": False, "code": e.code.value[0], "message": e.message})
+        self.frames.write(pr.Response(request.id, pr.Failed(e.code.value[0], e.message)))
 
-    def handle(self, h: dict[str, Any], tables: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+    def handle(self, request: pr.Request, tables: list[pa.Table]) -> tuple[Any, list[pa.Table]]:
         """Every command but a push: DuckDB is brought up to date first (write-behind, partition/state.py)."""
-        op = h["op"]
+        self.engine.state.sync()
+        handler = self._handlers.get(type(request.command))
+        if handler is None:
+            raise Internal(f"unknown partition command {type(request.command).__name__}")
+        self._current, self._again = request.id, request.again
+        return handler(request.command, tables)
+
+    def _reject(self, c: pr.Reject, _: list[pa.Table]) -> tuple[pr.Outcome, list[pa.Table]]:
+        return self.dataflow.run_reject(c.stream, c.producer, c.batch_id, c.ts, c.code, c.reason), []
+
+    def _state_read(self, c: pr.StateRead, tables: list[pa.Table]) -> tuple[pr.StateRows, list[pa.Table]]:
+        """Round 1 of state TEs spanning partitions (partition/exchange.py)."""
+        batches, values = run_values(c.runs, tables)
+        rows = [
+            [dict(zip(b.column_names, v, strict=True)) for v in vals] for b, vals in zip(batches, values, strict=True)
+        ]
+        return read_owned(self.engine, [(proc, ts, r) for (proc, ts), r in zip(c.items, rows, strict=True)])
+
+    def _call(self, c: pr.Call, _: list[pa.Table]) -> tuple[pr.Outcome, list[pa.Table]]:
         eng = self.engine
-        eng.state.sync()
-        if op == "reject":
-            out = self.dataflow.run_reject(h["stream"], h["producer"], h["batch_id"], h["ts"], h["code"], h["reason"])
-            return out.header(), []
-        if op == "fragment":
-            return self.dataflow.run_fragment(h, tables)
-        if op == "state_read":  # round 1 of state TEs spanning partitions (partition/exchange.py)
-            batches, values = run_values(h["runs"], tables)
-            rows = [
-                [dict(zip(b.column_names, v, strict=True)) for v in vals]
-                for b, vals in zip(batches, values, strict=True)
-            ]
-            return read_owned(eng, [(proc, ts, r) for (proc, ts), r in zip(h["items"], rows, strict=True)])
-        if op == "span":  # round 2 of a span: state batches of an interval over several partitions
-            return self.dataflow.run_span(h, tables)
-        if op == "decide":
-            return self.dataflow.decide(h), []
-        if op == "call":
-            if h.get("again") and h["ts"] <= eng.marks.last_ts:  # front/supervisor.py: the last worker committed it
-                raise DataLoss(
-                    f"call {h['procedure']}: it committed (timestamp {h['ts']}) on partition {eng.partition}, "
-                    "whose worker died before it answered; its result rows are lost, and it was not run again"
-                )
-            out, results = self.dataflow.run_call(h["procedure"], h["params"], h["ts"])
-            return out.header(), results
-        if op == "query":
-            return {}, [eng.query(h["sql"], h["params"])]
-        if op == "gather":
-            return {"keys": [k for k, _ in h["reads"]]}, [eng.query(sql, {}) for _, sql in h["reads"]]
-        if op == "read_stream":
-            batches = eng.read_stream(h["stream"], h["from_batch"], h["max_batches"])
-            return {"batch_ids": [b for b, _ in batches]}, [t for _, t in batches]
-        if op == "install":
-            have, new = eng.catalog.version, json.loads(h["catalog"]).get("version", 0)
-            if (h.get("startup") or h.get("again")) and (have > new or (have == new and (have or not h["ddl"]))):
-                # recovered already, a deploy the front had not finished when a worker died included
-                return {}, []
-            eng.install(h["catalog"], h["ddl"], h.get("map"))
-            self.journal.install(h["catalog"], h["ddl"], h.get("map"))
-            return {}, []
-        if op == "checkpoint":
-            self._start_checkpoint(h)
-            return {}, []
-        if op == "release":  # every partition wrote checkpoint ts: older log records are not needed
-            lsn = self.written.pop(h["ts"], None)
-            if lsn is not None:
-                checkpoints.drop_older(self.data_dir / "checkpoints", h["ts"])
-                self.journal.log.truncate_before(lsn + 1)
-            return {}, []
-        if op == "recovery_info":
-            return self.journal.recovery_info(self.data_dir), []
-        if op == "recover":
-            return self.recover(h["checkpoint"], set(h["done"])), []
-        if op == "done":
-            self.journal.done(h["ts"])
-            return {}, []
-        if op == "original":  # a re-send: what this partition knows of the batch (front.py `_resent`)
-            return eng.original_outcome(h["producer"], h["stream"], h["batch_id"]), []
-        if op == "marks":
-            eng.load_marks()
-            return {"marks": eng.marks.as_dict(), "last_ts": eng.marks.last_ts}, []
-        if op == "echo":  # bench ipc: the message path alone
-            return {}, tables
-        if op == "status":
-            return eng.status(), []
-        raise Internal(f"unknown partition op {op!r}")
+        if self._again and c.ts <= eng.marks.last_ts:  # front/supervisor.py: the last worker committed it
+            raise DataLoss(
+                f"call {c.procedure}: it committed (timestamp {c.ts}) on partition {eng.partition}, "
+                "whose worker died before it answered; its result rows are lost, and it was not run again"
+            )
+        return self.dataflow.run_call(c.procedure, c.params, c.ts)
+
+    def _gather(self, c: pr.Gather, _: list[pa.Table]) -> tuple[pr.Gathered, list[pa.Table]]:
+        return pr.Gathered([k for k, _ in c.reads]), [self.engine.query(sql, {}) for _, sql in c.reads]
+
+    def _read_stream(self, c: pr.ReadStream, _: list[pa.Table]) -> tuple[pr.StreamBatches, list[pa.Table]]:
+        batches = self.engine.read_stream(c.stream, c.from_batch, c.max_batches)
+        return pr.StreamBatches([b for b, _ in batches]), [t for _, t in batches]
+
+    def _install(self, c: pr.Install, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
+        eng = self.engine
+        have, new = eng.catalog.version, json.loads(c.catalog).get("version", 0)
+        if (c.startup or self._again) and (have > new or (have == new and (have or not c.ddl))):
+            return None, []  # recovered already, a deploy the front had not finished when a worker died included
+        eng.install(c.catalog, c.ddl, c.map)
+        self.journal.install(c.catalog, c.ddl, c.map)
+        return None, []
+
+    def _release(self, c: pr.Release, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
+        """Every partition wrote checkpoint `ts`: older log records are not needed."""
+        lsn = self.written.pop(c.ts, None)
+        if lsn is not None:
+            checkpoints.drop_older(self.data_dir / "checkpoints", c.ts)
+            self.journal.log.truncate_before(lsn + 1)
+        return None, []
+
+    def _read_marks(self, _: pr.ReadMarks, __: list[pa.Table]) -> tuple[pr.MarksRead, list[pa.Table]]:
+        self.engine.load_marks()
+        return pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts), []
 
 
 def main(argv: list[str] | None = None) -> None:
