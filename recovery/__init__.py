@@ -19,7 +19,7 @@ from streamtx.recovery.checkpoint import (
     restore_into,
     write_checkpoint,
 )
-from streamtx.recovery.errors import CorruptCheckpoint, CorruptLog, LogFailed
+from streamtx.recovery.errors import CorruptCheckpoint, CorruptLog, LogFailed, UnreadableFormat
 from streamtx.recovery.log import CommandLog, Log, LogReader, NullLog
 from streamtx.recovery.records import Record, RecordKind, decode_command, encode_command
 
@@ -35,6 +35,7 @@ __all__ = [
     "Record",
     "RecordKind",
     "Snapshot",
+    "UnreadableFormat",
     "begin_snapshot",
     "decode_command",
     "encode_command",

@@ -24,6 +24,14 @@ class CorruptLog(ValueError):
         self.lsn = lsn
 
 
+class UnreadableFormat(CorruptLog):
+    """A segment holds payloads in a format this reader was not given (a log of another release).
+
+    Nothing is damaged: the records are intact, but replaying them as another
+    format would misread them, so recovery refuses to start, naming the file.
+    """
+
+
 class LogFailed(RuntimeError):
     """A write or fsync of the command log failed; the log refuses all further use.
 

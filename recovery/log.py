@@ -38,12 +38,12 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from streamtx.recovery.errors import CorruptLog, LogFailed
+from streamtx.recovery.errors import CorruptLog, LogFailed, UnreadableFormat
 from streamtx.recovery.records import (
     RECORD_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -115,6 +115,7 @@ class _Scan:
     valid_end: int
     torn: TornTail | None
     header_torn: bool = False
+    payload_format: int = 0
 
 
 def _nonzero_end(data: memoryview) -> int:
@@ -135,7 +136,7 @@ def _scan(
             reason = f"torn segment header ({problem})"
             return _Scan(expect_first, expect_first, 0, TornTail(path, 0, len(data), expect_first, reason), True)
         raise CorruptLog(f"{name}: offset 0: {problem}", str(path), 0, None)
-    first_lsn, _created = decode_segment_header(data)  # type: ignore[misc]
+    first_lsn, _created, payload_format = decode_segment_header(data)  # type: ignore[misc]
     if first_lsn != expect_first:
         raise CorruptLog(
             f"{name}: offset 0: segment header says first lsn {first_lsn}, the file name says {expect_first}",
@@ -170,7 +171,7 @@ def _scan(
                 torn = "payload checksum mismatch"
         if torn is not None:
             if is_last and _nonzero_end(data[pos:]) <= end - pos:
-                return _Scan(first_lsn, lsn, pos, TornTail(path, pos, size - pos, lsn, torn))
+                return _Scan(first_lsn, lsn, pos, TornTail(path, pos, size - pos, lsn, torn), False, payload_format)
             why = (
                 "and data follows it: corrupt, not torn"
                 if is_last
@@ -186,7 +187,7 @@ def _scan(
             emit(Record(lsn, h.kind, h.ts, bytes(data[pos + RECORD_HEADER_SIZE : end])))
         pos = end
         lsn += 1
-    return _Scan(first_lsn, lsn, pos, None)
+    return _Scan(first_lsn, lsn, pos, None, payload_format=payload_format)
 
 
 def _read(path: Path) -> memoryview:
@@ -202,9 +203,18 @@ class LogReader:
     free: LSNs are consecutive, so `total(from_lsn)` is a subtraction.
     """
 
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
+    def __init__(self, directory: str | os.PathLike[str], payload_formats: Collection[int] | None = None) -> None:
+        """`payload_formats`: the segment formats to read (None: any); another is `UnreadableFormat`, raised
+        here for any segment whose header says so (the header alone is read), so before anything is replayed."""
         self.directory = Path(directory)
+        self.payload_formats = payload_formats
         self.segments = list_segments(self.directory)
+        if payload_formats is not None:
+            for first, path in self.segments[:-1]:
+                with open(path, "rb") as f:
+                    header = decode_segment_header(f.read(SEGMENT_HEADER_SIZE))
+                if not isinstance(header, str):
+                    self._check_format(path, _Scan(first, first, 0, None, payload_format=header[2]))
         self.torn: TornTail | None = None
         if not self.segments:
             self.first_lsn = self.next_lsn = 1
@@ -212,9 +222,22 @@ class LogReader:
         self.first_lsn = self.segments[0][0]
         first, path = self.segments[-1]
         scan = _scan(path, _read(path), first, is_last=True)
+        self._check_format(path, scan)
         self.torn = scan.torn
         self.next_lsn = scan.next_lsn
         self._last_scan = scan
+
+    def _check_format(self, path: Path, scan: _Scan) -> None:
+        formats = self.payload_formats
+        if formats is None or scan.header_torn or scan.payload_format in formats:
+            return
+        raise UnreadableFormat(
+            f"{path.name}: its records are in payload format {scan.payload_format}, and this reader takes "
+            f"format {', '.join(map(str, sorted(formats)))}: the log was written by another release",
+            str(path),
+            0,
+            scan.first_lsn,
+        )
 
     @property
     def last_lsn(self) -> int:
@@ -267,6 +290,7 @@ class LogReader:
             is_last = i == len(self.segments) - 1
             batch: list[Record] = []
             scan = _scan(path, _read(path), first, is_last, batch.append)
+            self._check_format(path, scan)
             if not is_last:
                 nxt_first, nxt_path = self.segments[i + 1]
                 if scan.next_lsn != nxt_first:
@@ -323,12 +347,18 @@ class CommandLog:
     `fsync=False` keeps everything else but skips the syncs: records then
     survive a crash of the process (they are in the page cache) but not of the
     machine. Tests and benchmarks only, or an explicit weaker mode.
+
+    `payload_format` is written in each segment's header: the owner's format
+    of its payloads, so a reader can refuse a log of another release
+    (`LogReader(payload_formats=...)`). A tail segment of another format is
+    left as it is and new records go to a new segment.
     """
 
     def __init__(
         self,
         directory: str | os.PathLike[str],
         *,
+        payload_format: int = 0,
         group_bytes: int = 1 << 20,
         group_ms: float = 2.0,
         segment_bytes: int = 64 << 20,
@@ -346,6 +376,7 @@ class CommandLog:
         self.fsync = fsync
         self.on_durable = on_durable
         self.on_failure = on_failure
+        self.payload_format = payload_format
         make_dir(self.directory)
         self.torn: TornTail | None = None
         self._fd = -1
@@ -380,9 +411,16 @@ class CommandLog:
         self._next_lsn = scan.next_lsn
         if scan.torn is not None:
             self.torn = scan.torn
-        if scan.header_torn:
+        if not scan.header_torn and scan.payload_format != self.payload_format and scan.next_lsn > first:
+            if scan.valid_end < len(data):  # its torn tail goes: the records after it start the new segment
+                with open(path, "r+b") as f:
+                    f.truncate(scan.valid_end)
+                    os.fsync(f.fileno())
+            self._create_segment(scan.next_lsn)
+            return
+        if scan.header_torn or scan.payload_format != self.payload_format:  # no record in it: a new header
             self._fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
-            os.write(self._fd, encode_segment_header(first))
+            os.write(self._fd, encode_segment_header(first, payload_format=self.payload_format))
             self._seg_size = SEGMENT_HEADER_SIZE
         else:
             self._fd = os.open(path, os.O_WRONLY)
@@ -401,7 +439,7 @@ class CommandLog:
         path = self.directory / segment_name(first_lsn)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            os.write(fd, encode_segment_header(first_lsn))
+            os.write(fd, encode_segment_header(first_lsn, payload_format=self.payload_format))
             if self.fsync:
                 os.fsync(fd)
                 fsync_dir(self.directory)

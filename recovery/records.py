@@ -8,8 +8,8 @@ Segment file `log-<first_lsn:020d>.seg` = one 32-byte segment header, then recor
 Segment header (32 bytes)::
 
     0   8  magic        b"STXLOG\\r\\n"
-    8   2  version      u16, 1
-    10  2  reserved     u16, 0
+    8   2  version      u16, 1 (this byte layout)
+    10  2  format       u16, the owner's payload format (the server's command format; 0: none given)
     12  8  first_lsn    u64, LSN of the first record this segment may hold (= the file name's)
     20  8  created_ns   i64, wall clock at creation (information only)
     28  4  header_crc   u32, crc32 of bytes 0..28
@@ -88,25 +88,25 @@ class Record:
     payload: bytes
 
 
-def encode_segment_header(first_lsn: int, created_ns: int | None = None) -> bytes:
+def encode_segment_header(first_lsn: int, created_ns: int | None = None, payload_format: int = 0) -> bytes:
     """The 32 bytes that open a segment whose first record will have LSN `first_lsn`."""
     created = time.time_ns() if created_ns is None else created_ns
-    body = SEGMENT_HEADER.pack(MAGIC, VERSION, 0, first_lsn, created, 0)[:-4]
+    body = SEGMENT_HEADER.pack(MAGIC, VERSION, payload_format, first_lsn, created, 0)[:-4]
     return body + struct.pack("<I", checksum(body))
 
 
-def decode_segment_header(data: bytes | memoryview) -> tuple[int, int] | str:
-    """(first_lsn, created_ns) of a segment header, or a description of what is wrong with it."""
+def decode_segment_header(data: bytes | memoryview) -> tuple[int, int, int] | str:
+    """(first_lsn, created_ns, payload_format) of a segment header, or a description of what is wrong with it."""
     if len(data) < SEGMENT_HEADER_SIZE:
         return f"segment header is {len(data)} bytes, expected {SEGMENT_HEADER_SIZE}"
-    magic, version, _reserved, first_lsn, created, crc = SEGMENT_HEADER.unpack_from(data, 0)
+    magic, version, payload_format, first_lsn, created, crc = SEGMENT_HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         return f"bad magic {bytes(magic)!r} (not a streamtx command-log segment)"
     if checksum(data[: SEGMENT_HEADER_SIZE - 4]) != crc:
         return "segment header checksum mismatch"
     if version != VERSION:
         return f"unsupported segment format version {version} (this reader knows {VERSION})"
-    return first_lsn, created
+    return first_lsn, created, payload_format
 
 
 def encode_record(lsn: int, kind: int, ts: int, payload: bytes | bytearray | memoryview) -> bytes:

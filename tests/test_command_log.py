@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamtx.recovery.errors import CorruptLog, LogFailed
+from streamtx.recovery.errors import CorruptLog, LogFailed, UnreadableFormat
 from streamtx.recovery.log import CommandLog, LogReader, NullLog, list_segments, segment_name
 from streamtx.recovery.records import (
     RECORD_HEADER_SIZE,
@@ -290,6 +290,31 @@ def test_rotation_and_truncate_before(tmp_path: Path) -> None:
         assert [first for first, _ in list_segments(tmp_path)] == [33]
         assert log.append(1, b"after") == 41
     assert [r.lsn for r in LogReader(tmp_path).records()] == list(range(33, 42))
+
+
+def test_a_log_of_another_payload_format_is_refused_naming_the_segment(tmp_path: Path) -> None:
+    write_log(tmp_path, [b"a", b"b"], payload_format=1)
+    assert [r.payload for r in LogReader(tmp_path, payload_formats=(0, 1)).records()] == [b"a", b"b"]
+    with pytest.raises(UnreadableFormat, match=r"log-0+1\.seg: its records are in payload format 1, .* takes format 2"):
+        LogReader(tmp_path, payload_formats=(2,))
+    write_log(tmp_path, [b"c"], payload_format=2)  # a release with format 2 leaves the old segment as it is
+    assert [(first, p.read_bytes()[10]) for first, p in list_segments(tmp_path)] == [(1, 1), (3, 2)]
+    assert [r.payload for r in LogReader(tmp_path, payload_formats=(1, 2)).records()] == [b"a", b"b", b"c"]
+    with pytest.raises(UnreadableFormat, match=r"log-0+1\.seg: .* payload format 1"):  # a sealed segment too
+        LogReader(tmp_path, payload_formats=(2,))
+
+
+def test_the_journal_refuses_a_log_of_another_release_before_writing(tmp_path: Path) -> None:
+    from streamtx.server.partition.journal import COMMAND_FORMAT, READABLE, Journal
+
+    write_log(tmp_path / "log", [b"x"], payload_format=max(READABLE) + 1)
+    before = sorted(p.read_bytes() for _, p in list_segments(tmp_path / "log"))
+    with pytest.raises(UnreadableFormat, match=f"payload format {max(READABLE) + 1}"):
+        Journal.open("strong", tmp_path, lambda _lsn: None, 2.0)
+    assert sorted(p.read_bytes() for _, p in list_segments(tmp_path / "log")) == before
+    journal = Journal.open("strong", tmp_path / "new", lambda _lsn: None, 2.0)
+    journal.log.close()
+    assert [p.read_bytes()[10] for _, p in list_segments(tmp_path / "new" / "log")] == [COMMAND_FORMAT]
 
 
 def test_replay_from_beyond_the_end_is_refused(tmp_path: Path) -> None:

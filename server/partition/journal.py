@@ -61,6 +61,14 @@ if TYPE_CHECKING:
     from streamtx.server.partition.dataflow import Dataflow, Push, _Run
 
 MODES = ("strong", "weak", "off")
+COMMAND_FORMAT = 1
+"""The form of the records' payloads (their JSON headers and relations), written in every log segment.
+
+A release that changes it bumps it and lists in `READABLE` the formats it
+still replays; recovery refuses any other, naming the segment. 0 is a log
+from before the format was written down, identical to 1.
+"""
+READABLE = (0, 1)
 REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 
@@ -81,7 +89,9 @@ class Journal:
         """
         if mode == "off" or directory is None:
             return cls("off", NullLog())
-        return cls(mode, CommandLog(directory / "log", group_ms=group_ms, on_durable=wake), sync=group_ms <= 0)
+        LogReader(directory / "log", READABLE)  # a log of another release is refused before anything is written
+        log = CommandLog(directory / "log", group_ms=group_ms, on_durable=wake, payload_format=COMMAND_FORMAT)
+        return cls(mode, log, sync=group_ms <= 0)
 
     @property
     def last_lsn(self) -> int:
@@ -195,7 +205,7 @@ class Journal:
         last_ts = max(ckpts, default=0)
         log_dir = data_dir / "log"
         if log_dir.exists():
-            for r in LogReader(log_dir).records():
+            for r in LogReader(log_dir, READABLE).records():
                 last_ts = max(last_ts, r.ts)
                 if r.kind == K.DONE:
                     done.append(r.ts)
@@ -228,7 +238,7 @@ class Journal:
             ckpt = load_checkpoint(found)
             restore(flow.engine, ckpt, restore_into)
             lsn = ckpt.lsn
-        reader = LogReader(log_dir) if log_dir.exists() else None
+        reader = LogReader(log_dir, READABLE) if log_dir.exists() else None
         total = reader.total(lsn + 1) if reader is not None else 0
         count = 0
         doubt: set[int] = set()
