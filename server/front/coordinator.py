@@ -2,9 +2,9 @@
 
 A command is coordinated when its TEs do not all run on one partition (a
 batch whose keys fall on several partitions, a stream that feeds a procedure
-placed elsewhere, a procedure that runs everywhere). The coordinator plays the
-partition scheduler's part across partitions: it takes the ready TEs in a
-topological order of the graph, sends each TE's fragments (its input rows
+placed elsewhere, a procedure that runs everywhere). The coordinator walks the
+command's `Schedule` (server/schedule.py), the one a partition walks, so the
+TEs run in the same order as on one partition; it sends each unit's fragments (its input rows
 routed by key, or all of them to every partition) to the partitions it runs
 on, and, once every fragment answered, commits it on all of them or, if one
 aborted, undoes it on all of them (two-phase commit; the partitions wait with
@@ -14,7 +14,7 @@ so the TEs of batch b downstream start only after all of b's upstream
 fragments committed. Outcomes are the ones one partition would give.
 
 A command that reaches a FOR EACH ROW procedure runs its TEs tuple by tuple,
-depth first, as a partition does (partition/dataflow.py `_Run`), and keeps
+depth first (the schedule's order), and keeps
 one transaction open on every partition it touches until its end (one
 two-phase commit): the batch is atomic, and the TE of its 5th tuple may
 abort after the 4th tuple's committed nothing yet. An interior TE that
@@ -37,50 +37,33 @@ from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITION
 from streamtx.server.front import exchange
 from streamtx.server.front.partitions import HOME, Restarted, checked
 from streamtx.server.protocol import Mark, Outcome, TeSpec
+from streamtx.server.schedule import Key, Schedule, Unit, skips
+from streamtx.server.schedule import reason as undone_reason
 
 if TYPE_CHECKING:
     from streamtx.server.front.front import Front
 
 
 @dataclass
-class Unit:
-    """TEs taken together: the entry TEs of a batch (every consumer of its stream), or one downstream TE."""
-
-    procedures: list[str]
-    stream: str | None
-    rows: pa.Table | None
-    entry: bool = False
-    group: str | None = None
-    origin_group: str | None = None
-
-
-_Key = tuple[tuple[int, ...], tuple[str, ...], bool]
-"""A unit of a command: (its FOR EACH ROW tuple positions, procedures, entry)."""
-
-
-@dataclass
 class _State:
     outcome: Outcome
+    schedule: Schedule
     error: tuple[int, str] | None = None  # a call's own TE aborted: its code and reason
-    pending: list[Unit] = field(default_factory=list)
-    group: str | None = None  # the open transaction group
+    group: str | None = None  # the open transaction group, committed when the next unit is not in it
     group_parts: set[int] = field(default_factory=set)
     group_mark: Mark | None = None
     emitted: set[str] = field(default_factory=set)
     results: list[pa.Table] = field(default_factory=list)
     one_transaction: bool = False
     """The command reaches a FOR EACH ROW procedure: nothing commits before its end."""
-    skip: dict[_Key, str | None] = field(default_factory=dict)  # units an earlier attempt saw abort
-    rows: tuple[int, ...] = ()  # the tuple positions of the FOR EACH ROW units running
     parts: set[int] = field(default_factory=set)  # partitions holding the open transaction (one_transaction)
-    instance: list[tuple[_Key, Unit]] = field(default_factory=list)  # the open group's units (one_transaction)
     stopped: bool = False  # a duplicate, a rejection or a failed call ended the command
 
 
 class _Rerun(Exception):
     """An interior unit of a one-transaction command aborted: run the command again without it."""
 
-    def __init__(self, skip: dict[_Key, str | None]) -> None:
+    def __init__(self, skip: dict[Key, str | None]) -> None:
         self.skip = skip
 
 
@@ -90,17 +73,17 @@ class Coordinator:
 
     # ------------------------------------------------------------ commands
     async def push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> Outcome:
-        cat = self.front.catalog
-        consumers = cat.consumers.get(stream, [])
-        groups = {g for g in map(cat.group_of, consumers) if g is not None}
-        entry = Unit(list(consumers), stream, table, entry=True, group=groups.pop() if groups else None)
         mark = [producer, stream, batch_id]
-        one = cat.reaches_each_row([stream])
+        one = self.front.catalog.reaches_each_row([stream])
 
-        async def finished() -> _State:
-            return _State(await self.front.finished_outcome(stream, producer, batch_id, ts))
+        async def finished() -> Outcome:
+            return await self.front.finished_outcome(stream, producer, batch_id, ts)
 
-        st = await self._attempts(one, lambda st: self._execute(st, [entry], ts, mark, None), ts, finished)
+        def start(st: _State) -> Awaitable[None]:
+            st.schedule.push(stream, table)
+            return self._execute(st, ts, mark, None)
+
+        st = await self._attempts(one, start, ts, finished)
         self.front.counters[st.outcome.outcome] += 1
         self.front.counters["coordinated"] += 1
         for s in st.emitted:
@@ -109,16 +92,19 @@ class Coordinator:
 
     async def call(self, procedure: str, params: dict[str, Any], ts: int) -> tuple[Outcome, list[pa.Table]]:
         cat = self.front.catalog
-        unit = Unit([procedure], None, None, group=cat.group_of(procedure))
         one = cat.reaches_each_row(sorted(cat.emitted_by(procedure)))
 
-        async def finished() -> _State:
+        async def finished() -> Outcome:
             raise DataLoss(
                 f"call {procedure}: it committed (timestamp {ts}), but a partition worker died before the "
                 "result came back; its result rows are lost, and it was not run again"
             )
 
-        st = await self._attempts(one, lambda st: self._execute(st, [unit], ts, None, params), ts, finished)
+        def start(st: _State) -> Awaitable[None]:
+            st.schedule.call(procedure)
+            return self._execute(st, ts, None, params)
+
+        st = await self._attempts(one, start, ts, finished)
         if st.error is not None:
             raise error_for(*st.error)
         self.front.counters["coordinated"] += 1
@@ -128,7 +114,11 @@ class Coordinator:
 
     # ----------------------------------------------------------- execution
     async def _attempts(
-        self, one_transaction: bool, execute: Any, ts: int, finished: Callable[[], Awaitable[_State]]
+        self,
+        one_transaction: bool,
+        execute: Callable[[_State], Awaitable[None]],
+        ts: int,
+        finished: Callable[[], Awaitable[Outcome]],
     ) -> _State:
         """Runs the command, again without each interior unit that aborted (one-transaction commands).
 
@@ -136,10 +126,10 @@ class Coordinator:
         either done (its DONE record made it: `finished` says how it ended) or
         undone everywhere, and runs again from the start.
         """
-        skip: dict[_Key, str | None] = {}
+        skip: dict[Key, str | None] = {}
         restarted = False
         while True:
-            st = _State(Outcome("committed", ts), one_transaction=one_transaction, skip=skip)
+            st = _State(Outcome("committed", ts), Schedule(self.front.catalog, skip), one_transaction=one_transaction)
             try:
                 await execute(st)
             except _Rerun as again:
@@ -148,7 +138,7 @@ class Coordinator:
             except Restarted:
                 await self.front.supervisor.recovered()
                 if ts in self.front.supervisor.done:
-                    return await finished()
+                    return _State(await finished(), st.schedule)
                 restarted = True
                 continue
             if restarted:
@@ -158,14 +148,13 @@ class Coordinator:
     async def _execute(
         self,
         st: _State,
-        pending: list[Unit],
         ts: int,
         push: Mark | None,
         params: dict[str, Any] | None,
     ) -> None:
         """Runs the command's units; `push`: the batch a push command takes (its mark), None for a call."""
         try:
-            await self._run_units(st, pending, ts, push, params)
+            await self._run_units(st, ts, push, params)
         except (_Rerun, Restarted):
             raise  # every partition undid its part already (or was restarted without it)
         except BaseException:
@@ -182,54 +171,19 @@ class Coordinator:
         live = [p for p in self.front.partitions.all if p.alive]
         await asyncio.gather(*(p.send(command) for p in live), return_exceptions=True)
 
-    async def _run_units(
-        self,
-        st: _State,
-        pending: list[Unit],
-        ts: int,
-        push: Mark | None,
-        params: dict[str, Any] | None,
-    ) -> None:
-        st.pending = pending
-        await self._drain(st, ts, push, params)
-        if st.stopped:
-            return
+    async def _run_units(self, st: _State, ts: int, push: Mark | None, params: dict[str, Any] | None) -> None:
+        for _, unit in st.schedule:
+            await self._unit(st, unit, ts, push, params)
+            if st.stopped:
+                return
+        if st.schedule.aborted:
+            self.front.counters["tes_aborted"] += len(st.schedule.aborted)
+            st.outcome.aborted_tes += st.schedule.aborted
         if st.group is not None:
             await self.decide(st.group_parts, True, ts, st.group_mark)
             st.group = None
         if st.one_transaction and st.parts:
             await self.decide(st.parts, True, ts, push)
-
-    async def _drain(
-        self,
-        st: _State,
-        ts: int,
-        push: Mark | None,
-        params: dict[str, Any] | None,
-    ) -> None:
-        """Runs the ready units; a FOR EACH ROW unit once per tuple, with what it triggers before the next."""
-        while st.pending and not st.stopped:
-            unit = self._next(st)
-            rows = self._each_row(unit)
-            if rows is None:
-                await self._unit(st, unit, ts, push, params)
-                continue
-            outer = st.pending, st.rows
-            for i, row in enumerate(rows):
-                st.pending, st.rows = [replace(unit, rows=row)], (*outer[1], i)
-                await self._drain(st, ts, push, params)
-                if st.stopped:
-                    return
-            st.pending, st.rows = outer
-
-    def _each_row(self, unit: Unit) -> list[pa.Table] | None:
-        """The tuples a FOR EACH ROW unit takes one at a time (None: it takes its batch at once)."""
-        if unit.rows is None or unit.rows.num_rows < 2:
-            return None
-        procs = self.front.catalog.procedures
-        if not any(procs[p].each_row for p in unit.procedures):
-            return None
-        return [unit.rows.slice(i, 1) for i in range(unit.rows.num_rows)]
 
     async def _unit(
         self,
@@ -239,26 +193,15 @@ class Coordinator:
         push: Mark | None,
         params: dict[str, Any] | None,
     ) -> None:
-        key = (st.rows, tuple(unit.procedures), unit.entry)
-        if st.one_transaction:
-            if unit.group is None or unit.group != st.group:
-                st.instance = []
-            st.group = unit.group
-            if key in st.skip:
-                report = st.skip[key]
-                if report is not None:
-                    self.front.counters["tes_aborted"] += 1
-                    st.outcome.aborted_tes.append(report)
-                return
-            st.instance.append((key, unit))
-        elif st.group is not None and unit.group != st.group:
+        if not st.one_transaction and st.group is not None and unit.group != st.group:
             await self.decide(st.group_parts, True, ts, st.group_mark)
             st.group, st.group_parts, st.group_mark = None, set(), None
-        fragments = self._place(unit, ts, push if unit.entry else None, params if unit.stream is None else None)
+        rows = st.schedule.input(unit)
+        fragments = self._place(unit, rows, ts, push if unit.entry else None, params if unit.stream is None else None)
         keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
         if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
-            assert unit.rows is not None and len(unit.procedures) == 1
-            await exchange.attach_rows(self.front, keyed[0], unit.rows, ts, fragments)
+            assert rows is not None and len(unit.procedures) == 1
+            await exchange.attach_rows(self.front, keyed[0], rows, ts, fragments)
         unit_mark = push if unit.entry else None
         alone = len(fragments) == 1 and unit.group is None and st.group is None and not st.one_transaction
         if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
@@ -279,8 +222,6 @@ class Coordinator:
                 await self._abort_one(st, unit, parts, ts, first.code, first.reason, push)
                 return
             await self._abort(st, unit, parts, ts, first.code, first.reason, push)
-            if unit.entry or unit.stream is None:
-                st.stopped = True
             return
         if st.one_transaction:
             st.parts |= parts
@@ -303,8 +244,9 @@ class Coordinator:
         push: Mark | None,
     ) -> None:
         """A unit of a one-transaction command aborted: undo everything; reject, fail the call, or run again."""
-        undone = [u for _, u in st.instance]
-        reason, rejection = _undone(st.group, code, reason, push if any(u.entry for u in undone) else None)
+        instance = st.schedule.instance
+        undone = [u for _, u in instance]
+        reason, rejection = _undone(st.schedule.group, code, reason, push if any(u.entry for u in undone) else None)
         await self.decide(parts | st.parts, False, ts, rejection=rejection)
         st.stopped = True
         if rejection is not None:
@@ -314,21 +256,10 @@ class Coordinator:
         if any(u.stream is None for u in undone):
             st.error = (code, reason)
             return
-        skip: dict[_Key, str | None] = {k: None for k, _ in st.instance}
-        skip[st.instance[0][0]] = f"{unit.procedures[0]}: {reason}"
-        raise _Rerun(skip)
-
-    def _next(self, st: _State) -> Unit:
-        """The ready unit to run next: a member of the open group first, else by topological rank."""
-        rank = self.front.catalog.topo_rank
-        pool = [u for u in st.pending if st.group is not None and u.group == st.group] or st.pending
-        best = min(pool, key=lambda u: (not u.entry, min((rank.get(p, -1) for p in u.procedures), default=-1)))
-        st.pending.remove(best)
-        return best
+        raise _Rerun(skips(instance, f"{unit.procedures[0]}: {reason}"))
 
     def _collect(self, st: _State, unit: Unit, replies: list[tuple[pr.FragmentRan, list[pa.Table]]]) -> None:
         """A unit committed (or joined the open group): its outputs become the next units' inputs."""
-        cat = self.front.catalog
         outputs: dict[str, list[pa.Table]] = {}
         results: dict[int, list[pa.Table]] = {}
         for ran, tables in replies:
@@ -342,9 +273,7 @@ class Coordinator:
         st.results += [_merge(results[i]) for i in sorted(results)]
         st.outcome.tes += len(unit.procedures) or 1
         for stream in sorted(outputs):
-            rows = _merge(outputs[stream])
-            for proc in cat.consumers.get(stream, []):
-                st.pending.append(Unit([proc], stream, rows, group=cat.group_of(proc), origin_group=unit.group))
+            st.schedule.emitted(unit, stream, _merge(outputs[stream]))
 
     async def _abort(
         self,
@@ -362,15 +291,15 @@ class Coordinator:
         await self.decide(parts | st.group_parts, False, ts, rejection=rejection)
         st.group, st.group_parts, st.group_mark = None, set(), None
         if group is not None:
-            st.pending = [u for u in st.pending if u.origin_group != group]
+            st.schedule.undone(group)
         if rejection is not None:
             st.outcome = Outcome("rejected", ts, code, reason)
             st.emitted = set()
-            st.pending = []
+            st.stopped = True
             return
         if unit.stream is None:
             st.error = (code, reason)
-            st.pending = []
+            st.stopped = True
             return
         self.front.counters["tes_aborted"] += 1
         st.outcome.aborted_tes.append(f"{unit.procedures[0]}: {reason}")
@@ -392,6 +321,7 @@ class Coordinator:
     def _place(
         self,
         unit: Unit,
+        rows: pa.Table | None,
         ts: int,
         push: Mark | None,
         params: dict[str, Any] | None,
@@ -406,9 +336,9 @@ class Coordinator:
             specs.setdefault(p, []).append((TeSpec(procedure, unit.stream, border, unit.entry), rows))
 
         if unit.stream is not None:
-            assert unit.rows is not None
+            assert rows is not None
             key = pl.streams.get(unit.stream)
-            by_key = front.map.split(unit.rows, key) if key is not None and unit.rows.num_rows else {HOME: unit.rows}
+            by_key = front.map.split(rows, key) if key is not None and rows.num_rows else {HOME: rows}
             if unit.entry:
                 for p, part in by_key.items():
                     add(p, None, part, True)
@@ -419,12 +349,12 @@ class Coordinator:
                         add(p, proc, part, False)
                 elif kind == EVERYWHERE:
                     for p in every:
-                        add(p, proc, unit.rows, False)
+                        add(p, proc, rows, False)
                 elif kind == EVENT_KEYED:
-                    for p in exchange.involved(front, proc, unit.rows):
-                        add(p, proc, unit.rows, False)
+                    for p in exchange.involved(front, proc, rows):
+                        add(p, proc, rows, False)
                 else:
-                    add(HOME, proc, unit.rows, False)
+                    add(HOME, proc, rows, False)
         else:
             proc = unit.procedures[0]
             kind = pl.procedures[proc]
@@ -460,8 +390,7 @@ def _merge(parts: list[pa.Table]) -> pa.Table:
 def _undone(group: str | None, code: int, reason: str, push: Mark | None) -> tuple[str, list[Any] | None]:
     """An abort's reason as reported (naming the undone group) and, if `push`'s batch is undone with it,
     the rejection the partitions record for its id."""
-    if group is not None:
-        reason = f"transaction group {group} undone: {reason}"
+    reason = undone_reason(group, reason)
     return reason, None if push is None else [*push, code, reason]
 
 

@@ -1,10 +1,10 @@
-"""The streaming scheduler of a partition: border TEs, then PE-triggered TEs.
+"""A partition's dataflow: the commands it takes and the transactions they commit in.
 
-For one atomic batch, the border TE of the batch's stream runs first, then
-every TE its outputs trigger, choosing each time among the ready TEs by the
-graph's topological rank, before the partition takes its next command. Hence,
-per batch, the TEs run in a topological order of the graph; across batches,
-batch order holds (commands arrive in timestamp order); OLTP calls interleave
+For one atomic batch, the entry TEs of the batch's stream run first, then
+every TE their outputs trigger, in the order of the command's `Schedule`
+(server/schedule.py: topological, groups back to back, FOR EACH ROW depth
+first), before the partition takes its next command. Across batches, batch
+order holds (commands arrive in timestamp order); OLTP calls interleave
 between batches. Emitted tuples pass from TE to TE in memory (Arrow); only a
 stream nothing consumes stores its batches, for subscribers.
 
@@ -19,10 +19,6 @@ the batch run anew without that TE (or its whole transaction group, S-Store's
 nested transactions) and so without what it would have triggered; the abort
 is reported and the dataflow goes on. Execution is deterministic, so both
 paths reach exactly the state of running every TE alone, in order.
-
-A FOR EACH ROW procedure takes its input one tuple at a time: each tuple's TE
-and every TE it triggers run before the next tuple's (`_Run.execute`), so a
-batch ends where its tuples pushed one by one would, and stays atomic.
 """
 
 from __future__ import annotations
@@ -41,6 +37,7 @@ from streamtx.server.partition.exchange import Exchange, keep_owned
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.ownership import Unspannable
 from streamtx.server.protocol import Outcome, TeSpec
+from streamtx.server.schedule import Key, Schedule, Unit, reason, skips
 
 if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
@@ -84,20 +81,6 @@ class _Span:
         return cls(pushes, [list(i) for *_, i in c.pushes], exchange, (c, tables), values)
 
 
-BORDER_UNIT = "(entry TEs of the batch)"
-
-
-@dataclass
-class _TE:
-    """A ready TE: `procedure` (None: no consumer, a plain append) over `stream`'s batch."""
-
-    procedure: str | None
-    stream: str | None
-    group: str | None
-    border: bool = False  # the first entry TE: appends the batch, fires the stream's EE triggers
-    entry: bool = False  # consumes the pushed batch: if it aborts, the batch is rejected
-
-
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -132,7 +115,7 @@ class Dataflow:
                 if dup is not None:
                     results[i] = dup
                     continue
-                run = _Run(self, p.ts, {p.stream: p.batch})
+                run = _Run(self, p.ts)
                 run.start_push(p)
                 run.execute()
                 taken.append((p.producer, p.stream, p.batch_id, p.ts))
@@ -182,7 +165,7 @@ class Dataflow:
         def start(run: _Run) -> None:
             run.start_call(procedure, params)
 
-        run = self._execute(ts, {}, start)
+        run = self._execute(ts, start)
         if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
             raise run.call_error
@@ -266,23 +249,20 @@ class Dataflow:
     def _run_specs(
         self, ts: int, specs: Sequence[TeSpec], tables: list[pa.Table], params: dict[str, Any] | None
     ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
-        run = _Run(self, ts, {})
+        run = _Run(self, ts)
         run.call_params = params
         emitted: dict[str, list[pa.Table]] = {}
         results: list[pa.Table] = []
         result_ids: list[int] = []
         stored: set[str] = set()
         for spec, table in zip(specs, tables, strict=True):
-            stream = spec.stream
-            if stream is not None:
-                run.inputs[stream] = table
-            te = _TE(spec.procedure, stream, None, border=spec.border, entry=spec.entry)
-            tx = run._transaction(te)
-            run._run_te(te, tx)
+            batch = table if spec.stream is not None else None
+            tx = run._transaction(spec, batch)
+            run._run_te(spec, tx, batch)
             for s, parts in tx.emitted.items():
                 emitted.setdefault(s, []).extend(parts)
             stored |= tx.stored
-            if stream is None:
+            if spec.stream is None:
                 results += tx.results
                 result_ids += tx.result_ids
         return emitted, stored, results, result_ids
@@ -402,7 +382,7 @@ class Dataflow:
                     span.outcomes.append(dup)
                     continue
                 exchange.involved = frozenset(involved)
-                run = _Run(self, p.ts, {p.stream: p.batch})
+                run = _Run(self, p.ts)
                 run.values[p.stream] = (p.batch, values)
                 run.start_push(p)
                 try:
@@ -443,7 +423,7 @@ class Dataflow:
         def start(run: _Run) -> None:
             run.start_push(p)
 
-        run = self._execute(p.ts, {p.stream: p.batch}, start)
+        run = self._execute(p.ts, start)
         keep: dict[str, list[int]] = {}
         out = run.finish(keep)
         self._keep(keep)
@@ -458,7 +438,7 @@ class Dataflow:
         eng.counters["rows"] += p.batch.num_rows
         return out
 
-    def _execute(self, ts: int, inputs: dict[str, pa.Table], start: Callable[[_Run], None]) -> _Run:
+    def _execute(self, ts: int, start: Callable[[_Run], None]) -> _Run:
         """The isolated path: a command's TEs in one transaction, each aborted TE left out, as if undone alone.
 
         DuckDB has no savepoints, so an aborted TE cannot be undone by itself:
@@ -469,9 +449,9 @@ class Dataflow:
         aborts rejects the batch; a call's own TE that aborts fails the call.
         """
         eng = self.engine
-        skip: dict[_Key, str | None] = {}
+        skip: dict[Key, str | None] = {}
         while True:
-            run = _Run(self, ts, dict(inputs), skip=skip, isolated=True)
+            run = _Run(self, ts, skip=skip, isolated=True)
             start(run)
             saved = eng.windows.snapshot()
             eng.begin()
@@ -488,7 +468,7 @@ class Dataflow:
                     raise
                 if not run.undone(failure, e):
                     return run
-                skip = {**skip, **failure.skips(e)}
+                skip = {**skip, **skips(failure.undone, f"{failure.procedure}: {failure.reason(e)}")}
             except BaseException:
                 self._rollback(saved)
                 raise
@@ -568,84 +548,45 @@ class Dataflow:
             tx.run_plan(tx.statements_of(procedure))
 
 
-_Key = tuple[tuple[int, ...], str | None, bool]
-"""A TE of a command: (its FOR EACH ROW tuple positions, procedure, border); a procedure runs once per tuple."""
-
-
 @dataclass
 class _Failure:
     """Where a TE aborted: what to leave out when the command runs again (`Dataflow._execute`)."""
 
-    te: _TE
-    undone: list[tuple[_Key, _TE]]  # the TE and the earlier members of its open transaction group
+    procedure: str | None
+    undone: list[tuple[Key, Unit]]  # its unit and the earlier units of its open transaction group
     group: str | None
 
     def reason(self, error: StreamTxError) -> str:
-        return error.message if self.group is None else f"transaction group {self.group} undone: {error.message}"
-
-    def skips(self, error: StreamTxError) -> dict[_Key, str | None]:
-        """TEs to leave out, the first (the one an attempt reaches for sure) carrying the report of the abort."""
-        out: dict[_Key, str | None] = {key: None for key, _ in self.undone}
-        out[self.undone[0][0]] = f"{self.te.procedure}: {self.reason(error)}"
-        return out
+        return reason(self.group, error.message)
 
 
 class _Run:
-    """The TEs one command causes, executed in a topological order of the graph.
+    """The TEs one command causes on this partition, in the order its `Schedule` gives (server/schedule.py)."""
 
-    A FOR EACH ROW procedure's TE runs once per tuple of its input batch, in
-    batch order, and every TE that tuple's TE triggers runs before the next
-    tuple's (depth first), so the outcome is that of the tuples arriving one
-    at a time; they all stay in the command's one transaction.
-    """
-
-    def __init__(
-        self,
-        flow: Dataflow,
-        ts: int,
-        inputs: dict[str, pa.Table],
-        skip: dict[_Key, str | None] | None = None,
-        isolated: bool = False,
-    ) -> None:
+    def __init__(self, flow: Dataflow, ts: int, skip: dict[Key, str | None] | None = None, isolated: bool = False):
         self.flow = flow
         self.eng = flow.engine
         self.ts = ts
-        self.inputs = inputs
-        self.pending: list[_TE] = []
+        self.schedule = Schedule(self.eng.catalog, skip)
         self.out = Outcome("committed", ts)
         self.push: Push | None = None
         self.call_params: dict[str, Any] | None = None
         self.call_error: StreamTxError | None = None
         self.results: list[pa.Table] = []
         self.stored: set[str] = set()
-        self.skip = skip or {}
-        """TEs left out: aborted on an earlier attempt, with their reason (None: undone with their group)."""
         self.isolated = isolated
         self.failure: _Failure | None = None
-        self._rows: tuple[int, ...] = ()  # the tuple positions of the FOR EACH ROW TEs running
-        self._group: str | None = None  # the transaction group of the TEs running back to back
-        self._instance: list[tuple[_Key, _TE]] = []  # the open group's TEs so far
         self.logged: list[tuple[TeSpec, pa.Table | None]] = []  # committed TEs, for strong logging
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
 
     def start_push(self, p: Push) -> None:
-        """The batch's entry TEs: every consumer of its stream, taken or refused together.
-
-        They form one unit (one transaction group on the isolated path): the
-        batch is committed only if all of them commit, whichever of them aborts.
-        """
-        cat = self.eng.catalog
+        """The batch's entry unit: every consumer of its stream, taken or refused together."""
         self.push = p
-        consumers = cat.consumers.get(p.stream, [])
-        groups = {g for g in map(self.eng.group_of, consumers) if g is not None}
-        unit = groups.pop() if groups else (BORDER_UNIT if len(consumers) > 1 else None)
-        first = consumers[0] if consumers else None
-        self.pending.append(_TE(first, p.stream, unit, border=True, entry=True))
-        self.pending += [_TE(proc, p.stream, unit, entry=True) for proc in consumers[1:]]
+        self.schedule.push(p.stream, p.batch)
 
     def start_call(self, procedure: str, params: dict[str, Any]) -> None:
         self.call_params = params
-        self.pending.append(_TE(procedure, None, self.eng.group_of(procedure)))
+        self.schedule.call(procedure)
 
     def finish(self, keep: dict[str, list[int]]) -> Outcome:
         """After the commit: notes the output batches to keep for subscribers in `keep`."""
@@ -656,30 +597,18 @@ class _Run:
 
     # -------------------------------------------------------------- execution
     def execute(self) -> None:
-        """Every TE inside the caller's transaction; an abort propagates to the caller (with `failure` set).
-
-        The members of a transaction group run back to back (`_next`), so the
-        order is the one the isolated path takes.
-        """
-        while self.pending:
-            te = self._next()
-            rows = self._each_row(te)
-            if rows is None:
-                self._step(te)
-                continue
-            outer = self.pending, self.inputs, self.values, self._rows
-            for i, row in enumerate(rows):
-                self.pending, self.inputs, self.values = [te], {te.stream: row}, {}  # type: ignore[dict-item]
-                self._rows = (*outer[3], i)
-                self.execute()
-            self.pending, self.inputs, self.values, self._rows = outer
-        self._group = None
+        """Every TE inside the caller's transaction; an abort propagates to the caller (with `failure` set)."""
+        for _, unit in self.schedule:
+            self._unit(unit)
+        if self.schedule.aborted:
+            self.eng.counters["tes_aborted"] += len(self.schedule.aborted)
+            self.out.aborted_tes += self.schedule.aborted
 
     def undone(self, failure: _Failure, error: StreamTxError) -> bool:
         """After a rollback: False when the abort ends the command (batch rejected, call failed), else True."""
         eng = self.eng
-        undone = [te for _, te in failure.undone]
-        if any(t.entry for t in undone):
+        undone = [unit for _, unit in failure.undone]
+        if any(u.entry for u in undone):
             assert self.push is not None
             reason = failure.reason(error)
             code = error.code.value[0]
@@ -688,48 +617,30 @@ class _Run:
             self.logged = []
             eng.record_rejection(self.push.producer, self.push.stream, self.push.batch_id, self.ts, code, reason)
             return False
-        if self.call_params is not None and any(t.stream is None for t in undone):
+        if self.call_params is not None and any(u.stream is None for u in undone):
             self.call_error = error
             return False
         return True
 
     # -------------------------------------------------------------- helpers
-    def _each_row(self, te: _TE) -> list[pa.Table] | None:
-        """The tuples a FOR EACH ROW TE takes one at a time (None: it takes its batch at once)."""
-        if te.procedure is None or te.stream is None:
-            return None
-        batch = self.inputs.get(te.stream)
-        if batch is None or batch.num_rows < 2 or not self.eng.catalog.procedures[te.procedure].each_row:
-            return None
-        return [batch.slice(i, 1) for i in range(batch.num_rows)]
+    def _unit(self, unit: Unit) -> None:
+        """Runs a unit's TEs: its procedures in order, the first appending the batch if it is the entry."""
+        batch = self.schedule.input(unit)
+        for i, procedure in enumerate(unit.procedures or (None,)):
+            te = TeSpec(procedure, unit.stream, unit.border and i == 0, unit.entry)
+            tx = self._transaction(te, batch)
+            try:
+                self._run_te(te, tx, batch)
+                if self.isolated:  # rows a constraint refuses abort this TE, not the command
+                    self.eng.state.write_back_in(procedure)
+            except StreamTxError:
+                self.failure = _Failure(procedure, list(self.schedule.instance), unit.group)
+                raise
+            self.logged.append((te, batch))
+            self._done(unit, tx)
 
-    def _step(self, te: _TE) -> None:
-        """Runs one TE (or leaves it out, if an earlier attempt saw it abort)."""
-        key = (self._rows, te.procedure, te.border)
-        if te.group is None or te.group != self._group:
-            self._instance = []
-        self._group = te.group
-        if key in self.skip:
-            report = self.skip[key]
-            if report is not None:
-                self.eng.counters["tes_aborted"] += 1
-                self.out.aborted_tes.append(report)
-            return
-        self._instance.append((key, te))
-        tx = self._transaction(te)
-        try:
-            self._run_te(te, tx)
-            if self.isolated:  # rows a constraint refuses abort this TE, not the command
-                self.eng.state.write_back_in(te.procedure)
-        except StreamTxError:
-            self.failure = _Failure(te, list(self._instance), te.group)
-            raise
-        self._log(te)
-        self._done(te, tx)
-
-    def _transaction(self, te: _TE) -> Transaction:
-        batch = self.inputs.get(te.stream) if te.stream else None
-        known = self.values.get(te.stream) if batch is not None else None
+    def _transaction(self, te: TeSpec, batch: pa.Table | None) -> Transaction:
+        known = self.values.get(te.stream) if batch is not None and te.stream is not None else None
         return Transaction(
             self.eng,
             te.procedure,
@@ -740,52 +651,31 @@ class _Run:
             known[1] if known is not None and known[0] is batch else None,
         )
 
-    def _next(self) -> _TE:
-        """The ready TE to run next: a member of the open group first, else by topological rank."""
-        if len(self.pending) == 1:
-            return self.pending.pop()
-        rank = self.eng.catalog.topo_rank
-        candidates = [t for t in self.pending if self._group is not None and t.group == self._group]
-        pool = candidates or self.pending
-        best = min(pool, key=lambda t: (not t.border, not t.entry, rank.get(t.procedure or "", -1), t.procedure or ""))
-        self.pending.remove(best)
-        return best
-
-    def _log(self, te: _TE) -> None:
-        spec = TeSpec(te.procedure, te.stream, te.border, te.entry)
-        self.logged.append((spec, self.inputs.get(te.stream) if te.stream else None))
-
-    def _run_te(self, te: _TE, tx: Transaction) -> None:
+    def _run_te(self, te: TeSpec, tx: Transaction, batch: pa.Table | None) -> None:
         cat = self.eng.catalog
         if te.border:
-            assert te.stream is not None
+            assert te.stream is not None and batch is not None
             if te.stream in cat.retained:  # stored with the interval's other output, at the commit
-                self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, self.inputs[te.stream]))
+                self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, batch))
                 tx.stored.add(te.stream)
             elif self.eng.stream_triggers(te.stream):
                 tx.register_input()
-                tx.fire_stream_triggers(te.stream, self.inputs[te.stream])
+                tx.fire_stream_triggers(te.stream, batch)
         if te.procedure is not None:
             self.flow.run_body(tx, te.procedure)
 
-    def _done(self, te: _TE, tx: Transaction) -> None:
-        """A TE finished: its results, stored streams, and the TEs its output triggers (PE triggers)."""
+    def _done(self, unit: Unit, tx: Transaction) -> None:
+        """A TE finished: its results, stored streams, and its output for the TEs it triggers (PE triggers)."""
         self.out.tes += 1
-        if te.procedure is not None and te.stream is None:
+        if unit.stream is None:
             self.results = tx.results
         self.stored |= tx.stored
-        cat = self.eng.catalog
         for stream, parts in tx.emitted.items():
             rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            prior = self.inputs.get(stream)
-            self.inputs[stream] = rows if prior is None else pa.concat_tables([prior, rows])
-            if prior is not None:
-                continue  # its consumers are scheduled already and will read the grown batch
             known = tx.emitted_values.get(stream)
             if known is not None and known[0] is rows:
                 self.values[stream] = known
-            for proc in cat.consumers.get(stream, []):
-                self.pending.append(_TE(proc, stream, self.eng.group_of(proc)))
+            self.schedule.emitted(unit, stream, rows)
 
 
 def _rows_per_batch(batches: list[pa.Table]) -> list[list[Row]]:
