@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -337,6 +338,47 @@ def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
     if fmt == "rows":
         return rows_to_table(data.rows, schema, what)
     raise InvalidArgument(f"{what}: no rows: set data.arrow_ipc or data.rows")
+
+
+def decode_batches(
+    data: pb.RowData, schema: pa.Schema, sizes: list[int], what: str, names: list[str]
+) -> list[pa.Table | InvalidArgument]:
+    """The batches of one message (`sizes` rows each, `names` to name each in errors), conformed to `schema`.
+
+    Each batch keeps its own outcome: the message is converted at once (the
+    fast path) and, if a value does not fit, batch by batch, so that only the
+    batches holding such a value are refused, with the row counted within
+    the batch. A message whose counts do not add up refuses all of them.
+    """
+    fmt = data.WhichOneof("format")
+    if fmt == "arrow_ipc":
+        raw = ipc_to_table(data.arrow_ipc, what)
+        total = raw.num_rows
+    elif fmt == "rows":
+        total = len(data.rows.rows)
+    else:
+        raise InvalidArgument(f"{what}: no rows: set data.arrow_ipc or data.rows")
+    if min(sizes, default=0) < 0 or sum(sizes) != total:
+        shown = str(sizes) if len(sizes) <= 8 else f"[{', '.join(map(str, sizes[:8]))}, ... ({len(sizes)} counts)]"
+        raise InvalidArgument(f"{what}: batch_rows {shown} must be counts adding up to the {total} rows in data")
+    offsets = list(itertools.accumulate(sizes[:-1], initial=0)) if sizes else []
+    try:
+        whole = conform(raw, schema, what) if fmt == "arrow_ipc" else rows_to_table(data.rows, schema, what)
+        return [whole.slice(at, n) for at, n in zip(offsets, sizes, strict=True)]
+    except InvalidArgument:
+        pass
+    out: list[pa.Table | InvalidArgument] = []
+    for at, n, name in zip(offsets, sizes, names, strict=True):
+        try:
+            if fmt == "arrow_ipc":
+                out.append(conform(raw.slice(at, n), schema, name))
+            else:
+                out.append(
+                    rows_to_table(pb.Rows(columns=data.rows.columns, rows=data.rows.rows[at : at + n]), schema, name)
+                )
+        except InvalidArgument as e:
+            out.append(e)
+    return out
 
 
 def encode_rowdata(table: pa.Table, arrow: bool = True) -> pb.RowData:

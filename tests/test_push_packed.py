@@ -30,7 +30,7 @@ from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.ipc import Packed, SocketFrames, unpack
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
-from streamtx.wire import ipc_to_table, table_to_ipc
+from streamtx.wire import ipc_to_table, py_to_value, table_to_ipc
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,6 +127,29 @@ def test_batches_of_one_message_commit_alone_and_acks_come_in_runs(stub):
         (5, pb.DUPLICATE, pb.COMMITTED),
     ]
     assert rows(stub, table) == [(1, 1), (1, 2), (2, 3), (4, 5), (5, 6), (5, 7)]
+
+
+@pytest.mark.parametrize("encoding", ["arrow", "rows"])
+def test_a_value_that_does_not_fit_rejects_only_its_own_batch_of_a_message(stub, encoding):
+    """Eight one-row batches in one message; the sixth holds 1.5 for a BIGINT (as text through Arrow)."""
+    stream, table = checked_copier(stub)
+    ks: list[object] = [10, 11, 12, 13, 14, 1.5, 16, 17]
+    if encoding == "arrow":
+        data = pb.RowData(arrow_ipc=table_to_ipc(pa.table({"b": list(range(1, 9)), "k": [str(k) for k in ks]})))
+    else:
+        data = pb.RowData(
+            rows=pb.Rows(
+                columns=["b", "k"],
+                rows=[pb.Row(values=[py_to_value(b), py_to_value(k)]) for b, k in zip(range(1, 9), ks, strict=True)],
+            )
+        )
+    req = pb.PushRequest(stream=stream, producer_id="mixed", batch_id=1, data=data, batch_rows=[1] * 8)
+    raw = list(stub.PushStream(iter([req]), timeout=TIMEOUT))
+    assert [(b, o) for b, o, _, _ in expand(raw)] == [(b, pb.REJECTED if b == 6 else pb.COMMITTED) for b in range(1, 9)]
+    bad = next(a for a in raw if a.outcome == pb.REJECTED)
+    assert bad.count in (0, 1) and bad.code == SC.INVALID_ARGUMENT.value[0], bad
+    assert "(producer 'mixed', batch 6)" in bad.reason and "column 'k' row 0" in bad.reason, bad.reason
+    assert rows(stub, table) == [(b, k) for b, k in zip(range(1, 9), ks, strict=True) if b != 6]
 
 
 def test_acks_of_a_long_message_leave_as_its_batches_finish(tmp_path):

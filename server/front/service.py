@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import pyarrow as pa
 
 from streamtx.errors import (
     FAULTS,
@@ -31,7 +32,7 @@ from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.server.protocol import Outcome
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
-from streamtx.wire import decode_rowdata, encode_rowdata, params_from_proto
+from streamtx.wire import decode_batches, decode_rowdata, encode_rowdata, params_from_proto
 
 OUTCOMES = {
     "committed": pb.COMMITTED,
@@ -222,26 +223,22 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         except StreamTxError as e:
             return _Message(self, [self._rejected(ack, e) for ack in acks], [None] * len(acks))
         what = f"push to {stream!r} (producer {producer!r}, batches {first}..{first + len(sizes) - 1})"
-        futures: list[asyncio.Future | None] = []
+        names = [f"push to {stream!r} (producer {producer!r}, batch {ack.batch_id})" for ack in acks]
         try:
-            table = decode_rowdata(request.data, schema, what)
-            if min(sizes) < 0 or sum(sizes) != table.num_rows:
-                raise InvalidArgument(
-                    f"{what}: batch_rows {_short(sizes)} must be counts adding up to the {table.num_rows} rows in data"
-                )
+            parts = decode_batches(request.data, schema, sizes, what, names)
         except StreamTxError as e:  # every batch of the message is well addressed: ids used up, rejected
-            futures = [front.reject(stream, producer, ack.batch_id, e) for ack in acks]
-        else:
-            offset = 0
-            for ack, size in zip(acks, sizes, strict=True):
-                part = table.slice(offset, size)
-                offset += size
-                ack.rows = size
+            parts = [e] * len(acks)
+        futures: list[asyncio.Future | None] = []
+        for ack, part in zip(acks, parts, strict=True):
+            if isinstance(part, pa.Table):
+                ack.rows = part.num_rows
                 try:
                     front.check_rows(stream, part)
                 except StreamTxError as e:
-                    futures.append(front.reject(stream, producer, ack.batch_id, e))
-                    continue
+                    part = e
+            if isinstance(part, StreamTxError):
+                futures.append(front.reject(stream, producer, ack.batch_id, part))
+            else:
                 futures.append(front.push(stream, producer, ack.batch_id, part))
         return _Message(self, acks, futures)
 
@@ -484,10 +481,6 @@ def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
         else:
             out.append(ack)
     return out
-
-
-def _short(values: list[int]) -> str:
-    return str(values) if len(values) <= 8 else f"[{', '.join(map(str, values[:8]))}, ... ({len(values)} counts)]"
 
 
 def _fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
