@@ -20,14 +20,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from streamtx.procedure import Event
 from streamtx.procedures.examples.counters import reference_add
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
+from streamtx.server.partition.opchain import WorkingSet, apply_event
 from streamtx.server.partition.state import TableCheck
-from streamtx.server.pyproc import ProcedureLoader
-from streamtx.server.statetx import Event, WorkingSet, apply_event
 
 pytestmark = pytest.mark.timeout(300)
 

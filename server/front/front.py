@@ -38,8 +38,8 @@ from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.launch import Launch, launch
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partitioning import PartitionMap
-from streamtx.server.pyproc import ProcedureLoader
 
 CATALOG_FILE = "catalog.json"
 

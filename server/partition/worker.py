@@ -28,13 +28,13 @@ import pyarrow as pa
 from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server.ipc import Frame, SocketFrames, unpack
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
 from streamtx.server.partition.journal import MODES, Journal
 from streamtx.server.partition.state import run_values
-from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
 WAKE_OP = "__wake__"  # inbox marker: the command log made more records durable
