@@ -27,7 +27,8 @@ Declaring accesses (nothing runs until the executor applies the event):
 >>> ev.ts, ev.batch_id, ref, [(op.kind, op.table, op.key) for op in ev.ops]
 (3, 3, Ref(index=0), [('read_modify', 'accounts', 7)])
 
-This module imports neither the server nor DuckDB.
+This module imports neither the server nor DuckDB; `streamtx.testing` runs
+procedures in-process, under both executors, for unit tests.
 """
 
 from __future__ import annotations
