@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 
 from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import state
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.marks import Marks
-from streamtx.server.pyproc import ProcedureLoader
 
 SCRIPT = """
 CREATE TABLE totals (k BIGINT PRIMARY KEY, n BIGINT);

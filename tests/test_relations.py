@@ -8,8 +8,8 @@ import pytest
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import batch_relation
 from streamtx.server.config import default_procedures_path
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.engine import Engine
-from streamtx.server.pyproc import ProcedureLoader
 
 NAME = batch_relation("s")
 

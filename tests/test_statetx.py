@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtx.client import Client
+from streamtx.procedure import Event
 from streamtx.procedures.examples.counters import reference_add
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.statetx import Event, WorkingSet, apply_event
+from streamtx.server.partition.opchain import WorkingSet, apply_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -126,9 +127,9 @@ def test_write_back_takes_every_way_to_the_same_table():
     """Few or many rows, new or held, plain or not, keyed by another key: the table ends as the rows say."""
     from streamtx.server.catalog.catalog import Catalog
     from streamtx.server.config import default_procedures_path
+    from streamtx.server.loader import ProcedureLoader
     from streamtx.server.partition.engine import Engine
     from streamtx.server.partition.state import SMALL
-    from streamtx.server.pyproc import ProcedureLoader
 
     loader = ProcedureLoader(default_procedures_path())
     eng = Engine(0, loader)

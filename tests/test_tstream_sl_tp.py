@@ -25,9 +25,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamtx.client import Client
+from streamtx.procedure import Event
 from streamtx.procedures.tstream import common, sl, tp
 from streamtx.server.embedded import EmbeddedServer
-from streamtx.server.statetx import Event, WorkingSet, apply_event
+from streamtx.server.partition.opchain import WorkingSet, apply_event
 
 pytestmark = pytest.mark.timeout(600)
 

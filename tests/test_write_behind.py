@@ -3,7 +3,7 @@
 - A transaction on the working set rolls back to exactly where it began,
   dirty keys included, whatever was written, cleared or written back inside it.
 - `TableCheck.fits` holds only for rows DuckDB stores unchanged.
-- A partition (in process, real DuckDB) fed random intervals of state batches
+- A partition in process (`streamtx.testing.Harness`) fed random intervals of state batches
   whose downstream SQL procedure (a barrier) sometimes aborts gives, at every
   sync point and at the end, what `serial` gives and what the model says.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import math
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -20,18 +19,13 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from streamtx.procedure import Event
 from streamtx.procedures.examples.counters import reference_add
-from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA
-from streamtx.server.partition.dataflow import Dataflow, Push
-from streamtx.server.partition.engine import Engine
+from streamtx.server.partition.opchain import WorkingSet, apply_event
 from streamtx.server.partition.state import TableCheck
-from streamtx.server.pyproc import ProcedureLoader
-from streamtx.server.statetx import Event, WorkingSet, apply_event
+from streamtx.testing import Harness
 
 pytestmark = pytest.mark.timeout(300)
-
-PROCEDURES = Path(__file__).resolve().parents[1] / "procedures"
 
 # --------------------------------------------------------------- working set
 
@@ -171,7 +165,6 @@ def test_a_row_fits_only_if_duckdb_stores_it_unchanged(checked, key, row):
 
 
 def test_constrained_or_unusual_tables_have_no_check():
-    eng = Engine(0, ProcedureLoader(PROCEDURES), executor="opchain")
     script = """
         CREATE TABLE plain (k BIGINT PRIMARY KEY, v VARCHAR NOT NULL, l INTEGER[]);
         CREATE TABLE checked (k BIGINT PRIMARY KEY, v BIGINT CHECK (v >= 0));
@@ -181,10 +174,8 @@ def test_constrained_or_unusual_tables_have_no_check():
         CREATE TABLE money (k BIGINT PRIMARY KEY, v DECIMAL(10, 2));
         CREATE TABLE stamped (k BIGINT PRIMARY KEY, v TIMESTAMP);
     """
-    new, _, _, ddl = Catalog().deploy(script, eng.loader.resolve)
-    eng.install(new.to_json(), ddl)
-    assert set(eng.state.checks) == {"plain"}
-    eng.con.close()
+    with Harness(script) as h:
+        assert set(h.engine.state.checks) == {"plain"}
 
 
 # ------------------------------------------------------------ a partition
@@ -235,32 +226,16 @@ def model(events: list[dict], batch: int, audited: bool, narrow: bool) -> tuple[
     return (counters, seen, results), outcomes
 
 
-class Partition:
-    """One partition's engine and dataflow in this process, fed pushes like its worker feeds them."""
+def run(h: Harness, tables: list[pa.Table]) -> list[tuple[str, str]]:
+    """The batches taken as one interval, as a partition takes queued ones: each outcome, and its aborted TEs."""
+    return [(r.outcome, r.reason) for r in h.push_many([("counter_events", t) for t in tables])]
 
-    def __init__(self, executor: str, script: str) -> None:
-        self.eng = Engine(0, ProcedureLoader(PROCEDURES), 10_000, executor)
-        new, _, _, ddl = Catalog().deploy(script, self.eng.loader.resolve)
-        self.eng.install(new.to_json(), ddl)
-        self.flow = Dataflow(self.eng)
-        self.ts = 0
-        self.batch_id = 0
 
-    def run(self, tables: list[pa.Table]) -> list:
-        pushes = []
-        for t in tables:
-            self.ts += 1
-            self.batch_id += 1
-            pushes.append(Push("counter_events", "p", self.batch_id, self.ts, t))
-        return self.flow.run_pushes(pushes)
-
-    def state(self) -> State:
-        self.eng.state.sync()  # as the worker does before a query
-        con = self.eng.con
-        counters = dict(con.execute("SELECT key, n FROM counters").fetchall())
-        seen = con.execute("SELECT batch, total FROM seen ORDER BY batch").fetchall()
-        results = con.execute(f"SELECT event_id, ok FROM {STREAM_SCHEMA}.counter_results ORDER BY event_id").fetchall()
-        return counters, seen, results
+def state(h: Harness) -> State:
+    counters = dict(h.query("SELECT key, n FROM counters").fetchall())
+    seen = h.query("SELECT batch, total FROM seen ORDER BY batch").fetchall()
+    results = h.query("SELECT event_id, ok FROM counter_results ORDER BY event_id").fetchall()
+    return counters, seen, results
 
 
 events_st = st.lists(
@@ -294,7 +269,7 @@ def test_held_back_state_equals_serial_and_the_model_at_every_sync(events, batch
     script = SCRIPT + AUDIT if audited else SCRIPT
     if narrow:
         script = script.replace("n BIGINT NOT NULL", "n TINYINT NOT NULL")
-    parts = {e: Partition(e, script) for e in ("serial", "opchain")}
+    parts = {e: Harness(script, executor=e) for e in ("serial", "opchain")}
     outcomes: dict[str, list] = {e: [] for e in parts}
     at = 0
     for i in range(len(batches)):
@@ -303,15 +278,15 @@ def test_held_back_state_equals_serial_and_the_model_at_every_sync(events, batch
         if not chunk:
             break
         for executor, part in parts.items():
-            outcomes[executor] += [(o.outcome, tuple(o.aborted_tes)) for o in part.run(chunk)]
+            outcomes[executor] += run(part, chunk)
         at += size
         if syncs[i % len(syncs)]:
             done = sum(t.num_rows for t in batches[:at])
             expected, _ = model(events[:done], batch, audited, narrow)
-            assert parts["opchain"].state() == expected == parts["serial"].state()
+            assert state(parts["opchain"]) == expected == state(parts["serial"])
     expected, verdicts = model(events, batch, audited, narrow)
     assert outcomes["opchain"] == outcomes["serial"]
     assert [o for o, _ in outcomes["opchain"]] == verdicts
-    assert parts["opchain"].state() == expected == parts["serial"].state()
+    assert state(parts["opchain"]) == expected == state(parts["serial"])
     for part in parts.values():
-        part.eng.con.close()
+        part.close()

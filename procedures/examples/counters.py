@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from streamtx.server.statetx import Event, StateProcedure
+from streamtx.procedure import Event, StateProcedure
 
 EVENTS = pa.schema(
     [

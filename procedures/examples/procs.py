@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamtx.server.pyproc import Tx, procedure
+from streamtx.procedure import Tx, procedure
 
 
 @procedure

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from streamtx.procedure import Event, Ref, StateProcedure
 from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, distinct_keys
-from streamtx.server.statetx import Event, Ref, StateProcedure
 
 NAME = "gs"
 INPUT_STREAM = "gs_events"

@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from streamtx.procedure import Event, StateProcedure
 from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, distinct_keys
-from streamtx.server.statetx import Event, StateProcedure
 
 NAME = "ob"
 INPUT_STREAM = "ob_events"

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from streamtx.procedure import Event, StateProcedure
 from streamtx.procedures.tstream.common import DEFAULT_MP_LENGTH, DEFAULT_MP_RATIO, KeySpace, zipf_keys
-from streamtx.server.statetx import Event, StateProcedure
 
 NAME = "sl"
 INPUT_STREAM = "sl_events"

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from streamtx.procedure import Event, Ref, StateProcedure
 from streamtx.procedures.tstream.common import zipf_keys
-from streamtx.server.statetx import Event, Ref, StateProcedure
 
 NAME = "tp"
 INPUT_STREAM = "tp_events"

@@ -43,8 +43,8 @@ from __future__ import annotations
 from collections import Counter
 
 from streamtx.errors import Aborted
+from streamtx.procedure import Event, Ref, Row, StateProcedure
 from streamtx.procedures.voter.reference import SERVER_QUERIES
-from streamtx.server.statetx import Event, Ref, Row, StateProcedure
 
 BOARD_SLOTS = 3
 REJECTIONS = ("no such contestant", "vote limit reached")  # the reasons a vote is rejected for, as in the SQL
@@ -81,7 +81,7 @@ class Vote(StateProcedure):
 
     def pre_process(self, ev: Event) -> None:
         vote_id, phone, contestant = ev["vote_id"], ev["phone_number"], ev["contestant_number"]
-        batch_id = ev.batch_id  # the functions must not hold `ev`: a cycle through its ops would outlive it
+        ts = ev.ts  # the functions must not hold `ev`: a cycle through its ops would outlive it
         ev.read_modify(
             "phone_votes",
             phone,
@@ -97,7 +97,7 @@ class Vote(StateProcedure):
                 "phone_number": phone,
                 "state": area["state"] if area is not None else "XX",
                 "contestant_number": contestant,
-                "created": batch_id,
+                "created": ts,
             },
             reads=(("area_code_state", phone // 10_000_000),),
         )

@@ -120,7 +120,7 @@ class Plan:
 
 
 PythonResolver = Callable[[str], Any]
-"""Maps 'module:function' to a loaded Python procedure (see server/pyproc.py)."""
+"""Maps 'module:function' to a loaded Python procedure (see server/loader.py)."""
 
 
 class Catalog:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
-from streamtx.server.statetx import StateProcedure
+from streamtx.procedure import StateProcedure
 
 if TYPE_CHECKING:
     from streamtx.server.catalog.catalog import Catalog, ProcedureDef

@@ -19,7 +19,6 @@ import pyarrow as pa
 
 from streamtx.errors import (
     FailedPrecondition,
-    InvalidArgument,
     NotFound,
     ResourceExhausted,
     StreamTxError,
@@ -31,7 +30,7 @@ from streamtx.server.catalog.catalog import Catalog, create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
-from streamtx.server.front import scatter
+from streamtx.server.front import checks, scatter
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
@@ -39,8 +38,8 @@ from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.launch import Launch, launch
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partitioning import PartitionMap
-from streamtx.server.pyproc import ProcedureLoader
 
 CATALOG_FILE = "catalog.json"
 
@@ -127,25 +126,7 @@ class Front:
     # -------------------------------------------------------------------- push
     def check_push(self, stream: str, producer: str, batch_id: int) -> pa.Schema:
         """Validates a push's addressing; returns the stream's schema."""
-        if not stream:
-            raise InvalidArgument("push: no stream named")
-        schema = self.catalog.stream_schemas.get(stream)
-        if schema is None:
-            known = ", ".join(self.catalog.names("stream")) or "none"
-            raise NotFound(f"push: unknown stream {stream!r} (streams: {known})")
-        if not self.catalog.is_border(stream):
-            writers = self.catalog.producers_of.get(stream) or ["an EE trigger"]
-            raise FailedPrecondition(
-                f"push: stream {stream!r} is the output of {', '.join(writers)}; producers push to border streams only"
-            )
-        if not producer:
-            raise InvalidArgument(f"push to {stream!r}: producer_id is empty")
-        if batch_id < 1:
-            raise InvalidArgument(
-                f"push to {stream!r}: batch_id {batch_id} is invalid; a producer's batch ids start "
-                "at 1 and increase by one"
-            )
-        return schema
+        return checks.push_schema(self.catalog, stream, producer, batch_id)
 
     def check_rows(self, stream: str, table: pa.Table) -> None:
         if table.num_rows > self.config.max_batch_rows:
@@ -307,24 +288,7 @@ class Front:
 
     # -------------------------------------------------------------------- call
     async def call(self, procedure: str, params: dict[str, Any]) -> tuple[int, list[pa.Table]]:
-        proc = self.catalog.procedures.get(procedure)
-        if proc is None:
-            known = ", ".join(self.catalog.names("procedure")) or "none"
-            raise NotFound(f"call: unknown procedure {procedure!r} (procedures: {known})")
-        if proc.on_stream is not None:
-            raise FailedPrecondition(
-                f"call: procedure {procedure!r} runs ON STREAM {proc.on_stream}; push batches to the stream instead"
-            )
-        declared = dict(proc.params)
-        unknown = sorted(set(params) - set(declared))
-        if unknown:
-            raise InvalidArgument(
-                f"call {procedure}: unknown parameter {unknown[0]!r} (parameters: {', '.join(declared) or 'none'})"
-            )
-        missing = [p for p in declared if p not in params]
-        if missing:
-            raise InvalidArgument(f"call {procedure}: missing parameter {missing[0]!r}")
-        bound = {name: _coerce_param(self.parser, procedure, name, declared[name], params[name]) for name in declared}
+        bound = checks.bind_call(self.catalog, self.parser, procedure, params)
         ts = self.sequencer.next_ts()
         mode = self.catalog.placement.call_mode.get(procedure, COORDINATED) if len(self.partitions) > 1 else HOME_MODE
         if mode == COORDINATED:
@@ -342,7 +306,7 @@ class Front:
     # ------------------------------------------------------------------- query
     async def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
         sqltree.check_size(sql, "query")
-        check_read_only(self.parser, sql)
+        checks.check_read_only(self.parser, sql)
         self.counters["queries"] += 1
         return await scatter.query(self, sql, params)
 
@@ -472,42 +436,6 @@ def lost_batches(recovered: list[pr.Recovered]) -> dict[tuple[str, str], set[int
         if missing:
             holes[key] = missing
     return holes
-
-
-def check_read_only(con: duckdb.DuckDBPyConnection, sql: str) -> None:
-    """Query takes one SELECT; anything else is INVALID_ARGUMENT (checked by DuckDB's parser)."""
-    if not sql.strip():
-        raise InvalidArgument("query: empty SQL")
-    try:
-        statements = con.extract_statements(sql)
-    except duckdb.Error as e:
-        raise InvalidArgument(f"query: {e}") from None
-    if len(statements) != 1:
-        raise InvalidArgument(f"query: expected one statement, got {len(statements)}")
-    kind = statements[0].type
-    if kind != duckdb.StatementType.SELECT:
-        raise InvalidArgument(
-            f"query: {kind.name} is not allowed; Query is read-only (SELECT only). Use Call for writes, Deploy for DDL"
-        )
-
-
-def _coerce_param(con: duckdb.DuckDBPyConnection, procedure: str, name: str, type_sql: str, value: Any) -> Any:
-    """Checks a call parameter against its declared DuckDB type, as DuckDB casts it.
-
-    The procedure's SQL casts the parameter to its declared type; here a value
-    that does not convert, or would lose its fraction, is refused up front.
-    """
-    if value is None:
-        return None
-    try:
-        cast = con.execute(f"SELECT CAST($v AS {type_sql})", {"v": value}).fetchall()[0][0]
-    except duckdb.Error as e:
-        raise InvalidArgument(
-            f"call {procedure}: parameter {name!r}: {value!r} is not a {type_sql} ({str(e).splitlines()[0]})"
-        ) from None
-    if isinstance(value, float) and isinstance(cast, int) and cast != value:
-        raise InvalidArgument(f"call {procedure}: parameter {name!r}: {value!r} is not a whole number ({type_sql})")
-    return value
 
 
 __all__ = ["Front", "Reply"]

@@ -198,7 +198,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             raise  # the server's failure, not the batch's: the call's status
         except StreamTxError as e:
             return self._rejected(ack, e)
-        return _fill_ack(ack, outcome)
+        return fill_ack(ack, outcome)
 
     def _rejected(self, ack: pb.PushAck, e: StreamTxError) -> pb.PushAck:
         self.front.counters["rejected"] += 1
@@ -402,7 +402,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front.counters["staged_commits"] += 1
         front.counters["staged_parts_discarded"] = self.staging.discarded
         front.counters["staging_expired"] = self.staging.expired
-        return _fill_ack(ack, outcome)
+        return fill_ack(ack, outcome)
 
     def _schedule_sweep(self) -> None:
         """Expires abandoned staging ids even when no further staging call comes."""
@@ -458,7 +458,7 @@ class _Message:
                     elif error is not None:
                         raise error
                     else:
-                        _fill_ack(acks[end], fut.result())
+                        fill_ack(acks[end], fut.result())
                 end += 1
             yield _runs(acks[at:end])
             at = end
@@ -483,7 +483,8 @@ def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
     return out
 
 
-def _fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
+def fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
+    """`ack` filled from a partition's outcome; streamtx.testing builds its outcomes with it too."""
     ack.outcome = OUTCOMES[outcome.outcome]
     ack.timestamp = outcome.ts
     ack.code = outcome.code

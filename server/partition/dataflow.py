@@ -31,6 +31,7 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
+from streamtx.procedure import Event, Row, StateProcedure
 from streamtx.server import protocol as pr
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import Exchange, keep_owned
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
 from streamtx.server.partition.state import Values, run_values, table_rows
 from streamtx.server.partition.transaction import Transaction
-from streamtx.server.statetx import Event, Row, StateProcedure
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamtx.errors import Aborted, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
+from streamtx.procedure import Event
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import REPLICATED, owner_filter
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
 from streamtx.server.partition.relations import Relations
@@ -40,8 +42,6 @@ from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
 from streamtx.server.partitioning import KEY_TYPES, PartitionMap
 from streamtx.server.protocol import Outcome
-from streamtx.server.pyproc import ProcedureLoader
-from streamtx.server.statetx import Event
 
 SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
+from streamtx.procedure import Event, Key, Row, StateProcedure
 from streamtx.server.catalog.compile import quote
 from streamtx.server.catalog.placement import REPLICATED, SINGLE
 from streamtx.server.partition import ownership
+from streamtx.server.partition.opchain import WorkingSet, apply_event
 from streamtx.server.partition.state import table_rows
 from streamtx.server.protocol import StateRows
-from streamtx.server.statetx import Event, Key, Row, StateProcedure, WorkingSet, apply_event
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
@@ -132,7 +133,7 @@ def run_replicated(tx: Transaction, proc: StateProcedure, ex: Exchange) -> None:
     """
     eng = tx.engine
     assert tx.batch is not None
-    events = [Event(row, tx.batch_id) for row in tx.batch_rows()]
+    events = [Event(row, tx.ts) for row in tx.batch_rows()]
     for ev in events:
         proc.pre_process(ev)
     keys, writes = ownership.declared(events)

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from streamtx.errors import FailedPrecondition
+from streamtx.procedure import Event
 from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
-from streamtx.server.statetx import Event
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine

@@ -32,10 +32,11 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import Aborted, Internal, InvalidArgument
+from streamtx.procedure import Event, Row
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
-from streamtx.server.statetx import Event, Row, WorkingSet
+from streamtx.server.partition.opchain import WorkingSet
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine

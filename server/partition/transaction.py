@@ -18,6 +18,7 @@ import duckdb
 import pyarrow as pa
 
 from streamtx.errors import Aborted, InvalidArgument, StreamTxError
+from streamtx.procedure import Event, Row, StateProcedure, Tx
 from streamtx.server import sqltree
 from streamtx.server.catalog.compile import (
     BATCH_PARAM,
@@ -27,9 +28,9 @@ from streamtx.server.catalog.compile import (
 )
 from streamtx.server.catalog.placement import EVERYWHERE
 from streamtx.server.partition.exchange import run_replicated
+from streamtx.server.partition.opchain import apply_event
 from streamtx.server.partition.ownership import check_local
 from streamtx.server.partition.state import Values, table_rows
-from streamtx.server.statetx import Event, Row, StateProcedure, apply_event
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -40,14 +41,14 @@ warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
 MAX_TRIGGER_DEPTH = 32
 
 
-class Transaction:
-    """The context of one TE; also the `Tx` a Python procedure receives."""
+class Transaction(Tx):
+    """The context of one TE; also the `Tx` a Python procedure receives (`batch_id` comes from `Tx`)."""
 
     def __init__(
         self,
         engine: Engine,
         procedure: str | None,
-        batch_id: int,
+        ts: int,
         input_stream: str | None = None,
         batch: pa.Table | None = None,
         params: dict[str, Any] | None = None,
@@ -56,7 +57,7 @@ class Transaction:
         self.engine = engine
         self.con = engine.con
         self.procedure = procedure
-        self.batch_id = batch_id
+        self.ts = ts
         self.input_stream = input_stream
         self.batch = batch
         self.batch_values = batch_values
@@ -103,7 +104,7 @@ class Transaction:
             self._emitted(stream, table)
             return
         # a retained stream is read only after the commit: stored once per interval, at the commit
-        self.engine.state.pending.out.setdefault(stream, []).append((self.batch_id, table))
+        self.engine.state.pending.out.setdefault(stream, []).append((self.ts, table))
         self.stored.add(stream)
 
     def abort(self, reason: str) -> None:
@@ -172,11 +173,11 @@ class Transaction:
             return
         state = eng.state
         ws = state.ws
-        events = eng.prepared.pop((self.batch_id, self.procedure), None)
+        events = eng.prepared.pop((self.ts, self.procedure), None)
         loaded = events is not None and eng.prepared_epoch == ws.epoch  # no barrier since `_prepare` loaded them
         if events is None:
-            batch_id = self.batch_id
-            events = [Event(row, batch_id) for row in self.batch_rows()]
+            ts = self.ts
+            events = [Event(row, ts) for row in self.batch_rows()]
             for ev in events:
                 proc.pre_process(ev)
         check_local(eng, self.procedure, events)
@@ -219,7 +220,7 @@ class Transaction:
             self.emit(stream, rows)
             return
         if stream in self.engine.catalog.retained:
-            state.pending.out.setdefault(stream, []).append((self.batch_id, values))
+            state.pending.out.setdefault(stream, []).append((self.ts, values))
             self.stored.add(stream)
             return
         table = shape.table(values)
@@ -258,7 +259,7 @@ class Transaction:
         self.engine.state.barrier()
         bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
         if BATCH_PARAM in compiled.params:
-            bound[BATCH_PARAM] = self.batch_id
+            bound[BATCH_PARAM] = self.ts
         cursor = self.execute(compiled.sql, bound)
         if compiled.emits:
             if compiled.emits in self.engine.catalog.retained:

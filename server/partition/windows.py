@@ -89,7 +89,7 @@ class Windows:
         tx.execute(
             f"INSERT INTO {table} ({cols}, batch_id, __seq, __staged) SELECT {cols}, $b, "
             f"$seq0 + row_number() OVER () - 1, true FROM {source}",
-            {"b": tx.batch_id, "seq0": st.next_seq},
+            {"b": tx.ts, "seq0": st.next_seq},
         )
         st.next_seq += batch.num_rows
         triggers = self.engine.catalog.triggers_on("window", window)

@@ -31,13 +31,13 @@ from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxErro
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server import protocol as pr
 from streamtx.server.ipc import Frame, SocketFrames, unpack
+from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
 from streamtx.server.partition.journal import MODES, Journal
 from streamtx.server.partition.state import run_values
-from streamtx.server.pyproc import ProcedureLoader
 
 PR_SET_PDEATHSIG = 1
 KEEP_UNRELEASED = 1_000  # checkpoints written but not yet known complete on every partition

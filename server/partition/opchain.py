@@ -1,165 +1,21 @@
-"""State transactions: TStream's three steps for Python procedures.
+"""TStream's operation chains: a punctuation interval's state transactions, applied over a working set.
 
-A state procedure handles each event (each tuple of its input batch) in three
-steps, as in the TStream papers:
-
-1. `pre_process(event)` — plain Python over the event's values; it *declares*
-   the event's state accesses: `event.read(table, key)`,
-   `event.write(table, key, row, cond=None, reads=())`,
-   `event.read_modify(table, key, fn, cond=None, reads=())`.
-2. state access — done by the executor, not by the procedure: the keys every
-   event declared are loaded with one query per table, the operations are
-   applied in timestamp order over that in-memory working set, and the dirty
-   rows are written back with one statement per table. A `cond` that returns
-   False aborts that event's state transaction only: none of its operations
-   take effect, and later events see the state without it.
-3. `post_process(event)` — sees what the event read (`event.value(ref)`), and
-   whether it was rejected; it may `event.emit(stream, row)`.
-
-Keys are primary-key values of DuckDB tables (one-column primary keys); a row
-is a dict of the table's columns. `fn(current_row, *dependency_rows)` returns
-the new row; `cond(current_row, *dependency_rows)` returns whether the
-operation may apply. `reads` names other (table, key) pairs whose rows, as of
-this event, are passed to `fn` and `cond` (TStream's cross-chain dependencies).
-A missing key reads as None; writing it inserts the row.
-
-Bind a state procedure in a deploy script like any Python procedure:
-
-    CREATE PROCEDURE transfer ON STREAM transfers AS PYTHON 'tstream.sl:transfer';
-
-where `transfer = Transfer()` is an instance of a `StateProcedure` subclass.
+A state procedure's events (streamtx/procedure.py) declare operations on
+keyed rows. The executor loads every row they name into a `WorkingSet`
+(partition/state.py: one query per table), then `apply_event` applies each
+event's operations, events in timestamp order, over those rows in memory:
+the operations on one key form its operation chain, evaluated in order, and
+an operation's `reads` are its dependencies on other chains. `serial` uses
+the same evaluation over one TE's events at a time. Nothing here touches
+DuckDB; write-back and write-behind are partition/state.py's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from streamtx.errors import Aborted
-
-Row = dict[str, Any]
-Key = Any
-
-
-@dataclass(frozen=True)
-class Ref:
-    """A handle on one operation of an event, to fetch its value in post_process."""
-
-    index: int
-
-
-_CACHED_REFS = 64
-_REFS = tuple(Ref(i) for i in range(_CACHED_REFS))  # immutable, so events share them: one per declaration would cost
-
-
-class Op:
-    """One declared state access; slotted and positional, since every event declares several."""
-
-    __slots__ = ("kind", "table", "key", "row", "fn", "cond", "reads")
-
-    def __init__(
-        self,
-        kind: str,  # read | write | read_modify
-        table: str,
-        key: Key,
-        row: Row | None = None,
-        fn: Callable[..., Row] | None = None,
-        cond: Callable[..., bool] | None = None,
-        reads: tuple[tuple[str, Key], ...] = (),
-    ) -> None:
-        self.kind = kind
-        self.table = table
-        self.key = key
-        self.row = row
-        self.fn = fn
-        self.cond = cond
-        self.reads = reads
-
-
-class Event:
-    """One event (one tuple of the input batch) and its state transaction."""
-
-    __slots__ = ("row", "batch_id", "ops", "values", "rejected", "reason", "out")
-
-    def __init__(self, row: Row, batch_id: int) -> None:
-        self.row = row
-        self.batch_id = batch_id
-        self.ops: list[Op] = []
-        self.values: list[Row | None] = []
-        self.rejected = False
-        self.reason = ""
-        self.out: list[tuple[str, Row]] = []
-
-    def __getitem__(self, column: str) -> Any:
-        return self.row[column]
-
-    # -- pre_process: declare operations -------------------------------------------
-    def read(self, table: str, key: Key) -> Ref:
-        ops = self.ops
-        index = len(ops)
-        ops.append(Op("read", table, key))
-        return _REFS[index] if index < _CACHED_REFS else Ref(index)
-
-    def write(
-        self,
-        table: str,
-        key: Key,
-        row: Row,
-        cond: Callable[..., bool] | None = None,
-        reads: Iterable[tuple[str, Key]] = (),
-    ) -> Ref:
-        ops = self.ops
-        index = len(ops)
-        ops.append(Op("write", table, key, row, None, cond, tuple(reads)))
-        return _REFS[index] if index < _CACHED_REFS else Ref(index)
-
-    def read_modify(
-        self,
-        table: str,
-        key: Key,
-        fn: Callable[..., Row],
-        cond: Callable[..., bool] | None = None,
-        reads: Iterable[tuple[str, Key]] = (),
-    ) -> Ref:
-        ops = self.ops
-        index = len(ops)
-        ops.append(Op("read_modify", table, key, None, fn, cond, tuple(reads)))
-        return _REFS[index] if index < _CACHED_REFS else Ref(index)
-
-    def reject(self, reason: str) -> None:
-        """Rejects the event in pre_process (before any state access): it declares nothing."""
-        self.rejected = True
-        self.reason = reason
-        self.ops.clear()
-
-    # -- post_process: results and output --------------------------------------------
-    def value(self, ref: Ref) -> Row | None:
-        """The row an operation saw (read) or left (write, read_modify); None if rejected or missing."""
-        if self.rejected:
-            return None
-        return self.values[ref.index]
-
-    def emit(self, stream: str, row: Row) -> None:
-        self.out.append((stream, row))
-
-
-class StateProcedure:
-    """Base class of a state procedure; subclass it and bind an instance.
-
-    `emits` lists the streams post_process may emit on. Each event is one
-    state transaction; a batch's events are taken in the batch's row order.
-    """
-
-    emits: tuple[str, ...] = ()
-    streamtx_procedure = True  # found by the procedure loader like a @procedure function
-
-    def pre_process(self, event: Event) -> None:
-        raise NotImplementedError
-
-    def post_process(self, event: Event) -> None:
-        """Default: nothing to emit."""
-
+from streamtx.procedure import Event, Key, Row
 
 Undo = tuple[dict[Key, Row | None], Key, Row | None, set[Key] | None]
 """How to take one write back: the table's rows, the key, its row before, and the dirty set it joined (if it did)."""

@@ -1,63 +1,20 @@
-"""Python stored procedures: the decorator, the loader, the transaction context.
-
-A Python procedure is a function in a module under the server's procedures
-path, marked with `@procedure`. A deploy script binds it to a name:
-
-    CREATE PROCEDURE vote ON STREAM votes_in AS PYTHON 'voter.procs:vote';
+"""The procedure loader: 'module:function' names to Python procedures under the procedures path.
 
 Modules are imported only from the procedures path given to the server at
 start-up, by file location; a deploy names a function, it never carries code.
+What may be bound is what streamtx/procedure.py marks: a `@procedure`
+function or a `StateProcedure` instance.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-import pyarrow as pa
-
-from streamtx.errors import Aborted, InvalidArgument, NotFound
-
-
-def procedure(fn: Callable[..., Any] | None = None, *, emits: Iterable[str] = ()) -> Any:
-    """Marks a function as a streamtx procedure; `emits` lists the streams it emits on.
-
-    The function receives a `Tx` first; an OLTP procedure also receives its
-    parameters as keyword arguments. It may return a pyarrow Table (or a list
-    of them): the result tables of an OLTP call.
-    """
-
-    def mark(f: Callable[..., Any]) -> Callable[..., Any]:
-        f.streamtx_procedure = True  # type: ignore[attr-defined]
-        f.emits = tuple(emits)  # type: ignore[attr-defined]
-        return f
-
-    return mark(fn) if fn is not None else mark
-
-
-class Tx(Protocol):
-    """What a Python procedure can do inside its transaction."""
-
-    batch: pa.Table | None
-    """The atomic batch being processed (None for an OLTP call)."""
-
-    batch_id: int
-    """The batch id (the global timestamp of the batch, or of the call)."""
-
-    def sql(self, sql: str, params: dict[str, Any] | None = None) -> pa.Table:
-        """Runs one statement with bound `$name` parameters; the input stream's name is the batch."""
-        ...
-
-    def emit(self, stream: str, rows: pa.Table) -> None:
-        """Appends tuples to an output stream declared in `emits`."""
-        ...
-
-    def abort(self, reason: str) -> None:
-        """Undoes the transaction; the batch or call is rejected with `reason`."""
-        ...
+from streamtx.errors import InvalidArgument, NotFound
 
 
 class ProcedureLoader:
@@ -98,8 +55,3 @@ class ProcedureLoader:
             raise InvalidArgument(f"python procedure {ref!r}: importing {path} failed: {e}") from None
         self._modules[module_name] = module
         return module
-
-
-def abort(reason: str) -> None:
-    """Aborts the current transaction from anywhere inside a procedure."""
-    raise Aborted(reason)
