@@ -219,11 +219,6 @@ def test_coalesced_acks_of_packed_messages_resolve_every_batch(node, target):
     assert node_totals(node, target) == apply(batches, [True] * len(batches))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="server: a value that does not convert in one batch of a packed PushStream message (batch_rows) "
-    "rejects every batch of the message, not that batch alone",
-)
 def test_a_packed_message_rejects_only_the_batch_that_does_not_fit(node, target):
     run(node, target, "deploy", stdin=APP)
     batches = [[{"k": KEYS[0][0], "n": 1}] for _ in range(8)]

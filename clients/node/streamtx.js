@@ -239,7 +239,7 @@ class Producer {
     this.firstBatchId = BigInt(options.firstBatchId ?? 1);
     this.window = options.window ?? 256;
     if (this.window < 1) throw new RangeError('window must be >= 1');
-    this.pack = options.pack ?? false;
+    this.pack = options.pack ?? true;
     /** @type {Map<string, bigint>} */
     this.next = new Map();
     /** @type {Entry[]} batches not sent on the current call, in push order */
