@@ -5,7 +5,8 @@ table, logs every tuple with the number of rows logged before it. Taken one
 tuple at a time (depth first), the i-th tuple of a batch sees i - 1 earlier
 rows of the same batch; set-based, all would see the same count. At P = 2 a
 batch with keys on both partitions is coordinated by the front, so both the
-partition's and the coordinator's scheduler are checked, under both executors.
+partition's and the coordinator's walk of the schedule (server/schedule.py)
+are checked, under both executors.
 """
 
 from __future__ import annotations
@@ -124,3 +125,55 @@ def test_a_for_each_row_procedure_cannot_be_in_a_transaction_group(client):
     with pytest.raises(InvalidArgument, match="procedure 'each' is FOR EACH ROW, so it cannot be in transaction group"):
         c.deploy("CREATE TRANSACTION GROUP g (each, down);")
     assert c.status()["procedures"] == before
+
+
+SHARED = """
+CREATE STREAM s3 (k BIGINT, x BIGINT) PARTITION BY (k);
+CREATE STREAM mid (x BIGINT, src VARCHAR);
+CREATE TABLE runs (n BIGINT, srcs VARCHAR, xs VARCHAR);
+CREATE PROCEDURE by_one ON STREAM s3 FOR EACH ROW AS BEGIN INSERT INTO mid SELECT x, 'one' FROM s3; END;
+CREATE PROCEDURE by_all ON STREAM s3 AS BEGIN INSERT INTO mid SELECT x * 10, 'all' FROM s3; END;
+CREATE PROCEDURE tally ON STREAM mid AS BEGIN
+    INSERT INTO runs SELECT count(*), string_agg(DISTINCT src, ',' ORDER BY src), string_agg(x::VARCHAR, ',' ORDER BY x)
+    FROM mid;
+END;
+"""
+
+
+def test_a_stream_with_a_for_each_row_consumer_is_taken_one_tuple_at_a_time_by_all(client):
+    """Both consumers of s3 take each tuple as its own batch, as if the tuples had come one batch each;
+    `tally` reads everything both emitted for that tuple as one batch, at P = 1 and across partitions."""
+    c, keys = client
+    c.deploy(SHARED)
+    a, b = keys[0], keys[-1]
+    assert c.push("s3", rows([(a, 1), (b, 2), (a, 3)])).result().outcome == "committed"
+    assert c.query("SELECT n, srcs, xs FROM runs ORDER BY xs").fetchall() == [
+        (2, "all,one", "1,10"),
+        (2, "all,one", "2,20"),
+        (2, "all,one", "3,30"),
+    ]
+
+
+FAN = """
+CREATE STREAM s4 (k BIGINT, x BIGINT) PARTITION BY (k);
+CREATE STREAM fanned (x BIGINT);
+CREATE STREAM mid (x BIGINT, src VARCHAR);
+CREATE TABLE runs (n BIGINT, srcs VARCHAR, xs VARCHAR);
+CREATE PROCEDURE fan ON STREAM s4 AS BEGIN INSERT INTO fanned SELECT x FROM s4; END;
+CREATE PROCEDURE left_arm ON STREAM fanned AS BEGIN INSERT INTO mid SELECT x, 'left' FROM fanned; END;
+CREATE PROCEDURE right_arm ON STREAM fanned AS BEGIN INSERT INTO mid SELECT x * 10, 'right' FROM fanned; END;
+CREATE PROCEDURE tally ON STREAM mid AS BEGIN
+    INSERT INTO runs SELECT count(*), string_agg(DISTINCT src, ',' ORDER BY src), string_agg(x::VARCHAR, ',' ORDER BY x)
+    FROM mid;
+END;
+"""
+
+
+def test_a_consumer_reads_what_every_producer_emitted_in_the_command_as_one_batch(client):
+    """left_arm and right_arm, two TEs, emit on mid; `tally` runs once per batch over both outputs (one TE
+    per stream and command, as on one partition: the coordinator used to run it once per producer)."""
+    c, keys = client
+    c.deploy(FAN)
+    a, b = keys[0], keys[-1]
+    assert c.push("s4", rows([(a, 1), (b, 2)])).result().outcome == "committed"
+    assert c.query("SELECT n, srcs, xs FROM runs").fetchall() == [(4, "left,right", "1,2,10,20")]
