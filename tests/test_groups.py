@@ -43,7 +43,7 @@ CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN
     SELECT count(*) FROM w;
 END;
 CREATE TRIGGER log_w ON WINDOW w AS BEGIN
-    INSERT INTO wlog SELECT $batch_id, list(x ORDER BY x) FROM w;
+    INSERT INTO wlog SELECT $ts, list(x ORDER BY x) FROM w;
 END;
 CREATE PROCEDURE check_xy AS BEGIN
     SELECT x.v, y.v, x.n, y.n FROM xt x, yt y;
@@ -154,19 +154,19 @@ CREATE STREAM s0 (x BIGINT);
 CREATE STREAM s1 (x BIGINT);
 CREATE STREAM s2 (x BIGINT);
 CREATE PROCEDURE p0 ON STREAM s0 AS BEGIN
-    INSERT INTO a SELECT $batch_id, sum(x) FROM s0;
+    INSERT INTO a SELECT $ts, sum(x) FROM s0;
     INSERT INTO s1 SELECT x FROM s0;
 END;
 CREATE PROCEDURE p1 ON STREAM s1 AS BEGIN
-    INSERT INTO xt SELECT $batch_id, sum(x) FROM s1;
+    INSERT INTO xt SELECT $ts, sum(x) FROM s1;
     INSERT INTO s2 SELECT x FROM s1;
 END;
 CREATE PROCEDURE pz ON STREAM s1 AS BEGIN
-    INSERT INTO z SELECT $batch_id, sum(x) FROM s1;
+    INSERT INTO z SELECT $ts, sum(x) FROM s1;
 END;
 CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN
     SELECT error('p2 refuses ' || min(x)) FROM s2 HAVING min(x) < 0;
-    INSERT INTO yt SELECT $batch_id, sum(x) FROM s2;
+    INSERT INTO yt SELECT $ts, sum(x) FROM s2;
 END;
 CREATE TRANSACTION GROUP g (p1, p2);
 """
@@ -193,8 +193,8 @@ def test_interior_group_abort_leaves_procedures_outside_the_group_alone(client):
 def test_group_members_run_back_to_back(client):
     """pz, a sibling of p1 on s1 outside the group, ranks between p1 and p2 but never runs between them."""
     script = INTERIOR_GROUP.replace(
-        "INSERT INTO z SELECT $batch_id, sum(x) FROM s1;",
-        "INSERT INTO z SELECT $batch_id, (SELECT count(*) FROM xt) - (SELECT count(*) FROM yt);",
+        "INSERT INTO z SELECT $ts, sum(x) FROM s1;",
+        "INSERT INTO z SELECT $ts, (SELECT count(*) FROM xt) - (SELECT count(*) FROM yt);",
     )
     assert script != INTERIOR_GROUP
     client.deploy(script)
@@ -211,15 +211,15 @@ CREATE STREAM s1 (x BIGINT);
 CREATE STREAM s2 (x BIGINT);
 CREATE STREAM s3 (x BIGINT);
 CREATE PROCEDURE p1 ON STREAM s1 AS BEGIN
-    INSERT INTO log VALUES ('p1', $batch_id);
+    INSERT INTO log VALUES ('p1', $ts);
     INSERT INTO s2 SELECT x FROM s1;
 END;
 CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN
-    INSERT INTO log VALUES ('p2', $batch_id);
+    INSERT INTO log VALUES ('p2', $ts);
     INSERT INTO s3 SELECT x FROM s2;
 END;
 CREATE PROCEDURE p3 ON STREAM s3 AS BEGIN
-    INSERT INTO log VALUES ('p3', $batch_id);
+    INSERT INTO log VALUES ('p3', $ts);
     SELECT error('p3 refuses') FROM s3 HAVING min(x) < 0;
 END;
 CREATE TRANSACTION GROUP g (p1, p3);

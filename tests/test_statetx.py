@@ -34,7 +34,7 @@ CREATE STREAM counter_events (event_id BIGINT, key BIGINT, delta BIGINT, "limit"
 CREATE STREAM counter_results (event_id BIGINT, ok BOOLEAN);
 CREATE PROCEDURE bounded_add ON STREAM counter_events AS PYTHON 'examples.counters:bounded_add';
 CREATE PROCEDURE audit ON STREAM counter_results AS BEGIN
-    INSERT INTO seen SELECT $batch_id, coalesce(sum(n), 0) FROM counters;
+    INSERT INTO seen SELECT $ts, coalesce(sum(n), 0) FROM counters;
 END;
 """
 

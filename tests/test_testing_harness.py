@@ -40,7 +40,7 @@ CREATE STREAM counter_alerts (event_id BIGINT);
 CREATE PROCEDURE alerting_add ON STREAM counter_events AS PYTHON 'examples.counters:alerting_add';
 CREATE PROCEDURE audit ON STREAM counter_alerts AS BEGIN
     SELECT error('audit refuses event 3 mod 5') WHERE EXISTS (SELECT 1 FROM counter_alerts WHERE event_id % 5 = 3);
-    INSERT INTO seen SELECT $batch_id, coalesce(sum(n), 0) FROM counters;
+    INSERT INTO seen SELECT $ts, coalesce(sum(n), 0) FROM counters;
 END;
 CREATE PROCEDURE total (k BIGINT) AS BEGIN SELECT n FROM counters WHERE key = $k; END;
 """

@@ -10,13 +10,15 @@ from __future__ import annotations
 import pytest
 from conftest import PARTITION_COUNTS
 
+from streamtx.errors import InvalidArgument
+
 PARTITIONS = PARTITION_COUNTS
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def log_stmt(proc: str, stream: str) -> str:
-    return f"INSERT INTO log SELECT '{proc}', $batch_id, (SELECT count(*) FROM log), count(*) FROM {stream};"
+    return f"INSERT INTO log SELECT '{proc}', $ts, (SELECT count(*) FROM log), count(*) FROM {stream};"
 
 
 LOG_TABLE = "CREATE TABLE log (proc VARCHAR, b BIGINT, ord BIGINT, n BIGINT);\n"
@@ -195,17 +197,17 @@ CREATE PROCEDURE p1 ON STREAM s1 AS BEGIN
     SELECT error('p1 refuses ' || min(x)) FROM s1 HAVING min(x) < 0;
 END;
 CREATE TRIGGER on_s1 ON STREAM s1 AS BEGIN
-    INSERT INTO ee SELECT 's1', $batch_id, count(*), sum(x) FROM s1;
+    INSERT INTO ee SELECT 's1', $ts, count(*), sum(x) FROM s1;
 END;
 CREATE TRIGGER on_s2 ON STREAM s2 AS BEGIN
-    INSERT INTO ee SELECT 's2', $batch_id, count(*), sum(x) FROM s2;
+    INSERT INTO ee SELECT 's2', $ts, count(*), sum(x) FROM s2;
     INSERT INTO s3 SELECT x * 7 FROM s2;
 END;
 CREATE TRIGGER on_s3 ON STREAM s3 AS BEGIN
-    INSERT INTO ee SELECT 's3', $batch_id, count(*), sum(y) FROM s3;
+    INSERT INTO ee SELECT 's3', $ts, count(*), sum(y) FROM s3;
 END;
 CREATE PROCEDURE p3 ON STREAM s3 AS BEGIN
-    INSERT INTO done SELECT $batch_id, sum(y) FROM s3;
+    INSERT INTO done SELECT $ts, sum(y) FROM s3;
 END;
 """
 
@@ -254,7 +256,7 @@ def test_ee_trigger_on_a_stream_nobody_consumes(client):
         """
 CREATE TABLE t (b BIGINT, n BIGINT);
 CREATE STREAM raw (x BIGINT);
-CREATE TRIGGER on_raw ON STREAM raw AS BEGIN INSERT INTO t SELECT $batch_id, sum(x) FROM raw; END;
+CREATE TRIGGER on_raw ON STREAM raw AS BEGIN INSERT INTO t SELECT $ts, sum(x) FROM raw; END;
 """
     )
     acks = [client.push("raw", {"x": [i, i]}).result() for i in range(1, 4)]
@@ -271,7 +273,7 @@ def test_interior_te_abort_is_undone_and_the_dataflow_goes_on(client):
         CHAIN
         + """
 CREATE TABLE p2_effects (b BIGINT);
-CREATE TRIGGER on_s3 ON STREAM s3 AS BEGIN INSERT INTO p2_effects SELECT $batch_id; END;
+CREATE TRIGGER on_s3 ON STREAM s3 AS BEGIN INSERT INTO p2_effects SELECT $ts; END;
 """
     )
     first = client.push("s1", {"x": [1]}).result()
@@ -337,7 +339,7 @@ CREATE PROCEDURE {tag}_p2 ON STREAM {tag}_s2 AS BEGIN
 END;
 CREATE PROCEDURE {tag}_p3 ON STREAM {tag}_s3 AS BEGIN INSERT INTO {tag}_s4 SELECT * FROM {tag}_s3{where}; END;
 CREATE PROCEDURE {tag}_p4 ON STREAM {tag}_s4 AS BEGIN
-    INSERT INTO {tag}_out SELECT p, q, r, typeof(p), $batch_id FROM {tag}_s4;
+    INSERT INTO {tag}_out SELECT p, q, r, typeof(p), $ts FROM {tag}_s4;
 END;
 """
 
@@ -361,3 +363,15 @@ def test_steps_that_copy_columns_give_what_duckdb_gives(client):
     assert copied == client.query("SELECT p, q, r, t FROM sq_out ORDER BY b, p NULLS LAST").fetchall()
     assert copied[:3] == [(1, 1, "x", "BIGINT"), (3, 3, None, "BIGINT"), (None, None, "y", "BIGINT")]
     assert len(copied) == 3 + 2 * 26
+
+
+def test_ts_and_its_older_name_batch_id_are_the_running_timestamp(client):
+    client.deploy(
+        "CREATE STREAM ts_in (v BIGINT); CREATE TABLE ts_out (a BIGINT, b BIGINT, v BIGINT);"
+        "CREATE PROCEDURE ts_copy ON STREAM ts_in AS BEGIN INSERT INTO ts_out SELECT $ts, $batch_id, v FROM ts_in; END;"
+    )
+    ack = client.push("ts_in", {"v": [7]}).result()
+    assert client.query("SELECT a, b, v FROM ts_out").fetchall() == [(ack.timestamp, ack.timestamp, 7)]
+    for name in ("ts", "batch_id"):
+        with pytest.raises(InvalidArgument, match=rf"parameter name \${name} is reserved"):
+            client.deploy(f"CREATE PROCEDURE p_{name} ({name} BIGINT) AS BEGIN SELECT 1; END;")

@@ -191,7 +191,7 @@ CREATE PROCEDURE alerting_add ON STREAM counter_events AS PYTHON 'examples.count
 AUDIT = """
 CREATE PROCEDURE audit ON STREAM counter_alerts AS BEGIN
     SELECT error('audit refuses event 3 mod 5') WHERE EXISTS (SELECT 1 FROM counter_alerts WHERE event_id % 5 = 3);
-    INSERT INTO seen SELECT $batch_id, coalesce(sum(n), 0) FROM counters;
+    INSERT INTO seen SELECT $ts, coalesce(sum(n), 0) FROM counters;
 END;
 """
 State = tuple[dict[int, int], list[tuple[int, int]], list[tuple[int, bool]]]

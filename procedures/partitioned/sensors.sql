@@ -41,7 +41,7 @@ END;
 -- and fold the batch into the per-sensor aggregates (an upsert per sensor).
 CREATE PROCEDURE ingest ON STREAM readings AS BEGIN
     INSERT INTO reading_log
-        SELECT r.sensor, r.ts, r.value, r.value * s.scale + s.bias, $batch_id
+        SELECT r.sensor, r.ts, r.value, r.value * s.scale + s.bias, $ts
         FROM readings r JOIN sensors s ON s.sensor = r.sensor;
     INSERT INTO sensor_stats
         SELECT l.sensor, count(*), sum(l.calibrated), min(l.calibrated), max(l.calibrated),

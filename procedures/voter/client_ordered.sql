@@ -19,13 +19,13 @@ CREATE PROCEDURE vote_call (vote_ids BIGINT[], phone_numbers BIGINT[], contestan
         FROM valid LEFT JOIN phone_votes p ON p.phone_number = valid.phone_number
     )
     INSERT INTO votes
-        SELECT j.vote_id, j.phone_number, coalesce(a.state, 'XX'), j.contestant_number, $batch_id
+        SELECT j.vote_id, j.phone_number, coalesce(a.state, 'XX'), j.contestant_number, $ts
         FROM judged j LEFT JOIN area_code_state a ON a.area_code = j.phone_number // 10000000
         WHERE j.ok;
     INSERT INTO phone_votes
-        SELECT phone_number, count(*) FROM votes WHERE created = $batch_id GROUP BY phone_number
+        SELECT phone_number, count(*) FROM votes WHERE created = $ts GROUP BY phone_number
         ON CONFLICT DO UPDATE SET num_votes = phone_votes.num_votes + excluded.num_votes;
-    SELECT vote_id, contestant_number FROM votes WHERE created = $batch_id ORDER BY vote_id;
+    SELECT vote_id, contestant_number FROM votes WHERE created = $ts ORDER BY vote_id;
 END;
 
 CREATE PROCEDURE leaderboard_call (vote_ids BIGINT[], contestant_numbers INTEGER[]) AS BEGIN

@@ -25,7 +25,7 @@ CREATE PROCEDURE vote ON STREAM votes_in FOR EACH ROW AS BEGIN
         WHERE c.contestant_number IS NULL
            OR coalesce(p.num_votes, 0) >= (SELECT max_votes FROM voter_config WHERE id = 1);
     INSERT INTO votes
-        SELECT v.vote_id, v.phone_number, coalesce(a.state, 'XX'), v.contestant_number, $batch_id
+        SELECT v.vote_id, v.phone_number, coalesce(a.state, 'XX'), v.contestant_number, $ts
         FROM votes_in v
         JOIN contestants c ON c.contestant_number = v.contestant_number
         LEFT JOIN phone_votes p ON p.phone_number = v.phone_number

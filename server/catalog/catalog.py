@@ -28,9 +28,9 @@ from streamtx.files import atomic_write
 from streamtx.server import sqltree
 from streamtx.server.catalog import ddl, eventkeys, placement
 from streamtx.server.catalog.compile import (
-    BATCH_PARAM,
     STREAM_SCHEMA,
     SYSTEM_SCHEMA,
+    TS_PARAMS,
     WINDOW_SCHEMA,
     Compiled,
     Scope,
@@ -531,8 +531,12 @@ class Catalog:
                 f"deploy: {what}: a procedure ON STREAM takes its input from the stream; it cannot declare parameters"
             )
         names = [p for p, _ in proc.params]
-        if BATCH_PARAM in names:
-            raise InvalidArgument(f"deploy: {what}: parameter name ${BATCH_PARAM} is reserved (the running batch id)")
+        reserved = sorted(TS_PARAMS & set(names))
+        if reserved:
+            raise InvalidArgument(
+                f"deploy: {what}: parameter name ${reserved[0]} is reserved ($ts and $batch_id are the running "
+                "timestamp); rename the parameter"
+            )
         if proc.partition_on is not None and proc.partition_on not in names:
             raise InvalidArgument(f"deploy: {what}: PARTITION ON {proc.partition_on!r} is not one of its parameters")
         if proc.python is not None:
@@ -598,7 +602,7 @@ class Catalog:
                 f"CREATE OR REPLACE TEMP VIEW {quote(batch_relation(input_stream))} AS "
                 f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(input_stream)} WHERE false"
             )
-        params = {p: (0 if p == BATCH_PARAM else None) for p in compiled.params}
+        params = {p: (0 if p in TS_PARAMS else None) for p in compiled.params}
         try:
             con.execute("EXPLAIN " + compiled.sql, params)
         except duckdb.Error as e:

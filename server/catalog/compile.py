@@ -31,7 +31,8 @@ from sqlglot.errors import ParseError
 from streamtx.errors import InvalidArgument
 from streamtx.server import sqltree
 
-BATCH_PARAM = "batch_id"  # `$batch_id`: the batch id (timestamp) of the running TE
+TS_PARAM = "ts"  # `$ts`: the global timestamp of the running TE (its batch's, or its call's)
+TS_PARAMS = frozenset({TS_PARAM, "batch_id"})  # `$batch_id`: the older name of `$ts`, still accepted
 STREAM_SCHEMA = "streams"
 WINDOW_SCHEMA = "windows"
 SYSTEM_SCHEMA = "streamtx"
@@ -134,7 +135,7 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
     for p in tree.find_all(exp.Placeholder):
         if not p.name:
             raise InvalidArgument(f"{where}: positional parameter '?' is not supported; use $name")
-    unknown = [p for p in params if p not in scope.params and p != BATCH_PARAM]
+    unknown = [p for p in params if p not in scope.params and p not in TS_PARAMS]
     if unknown:
         declared = ", ".join(sorted(scope.params)) or "none"
         raise InvalidArgument(f"{where}: unknown parameter ${unknown[0]} (declared parameters: {declared})")
@@ -198,9 +199,9 @@ def _compile_emit(
         return Compiled(sql, params, stream, False, source, copies)
     sql = (
         f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
-        f"SELECT {aliased}, ${BATCH_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased})"
+        f"SELECT {aliased}, ${TS_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased})"
     )
-    return Compiled(sql, tuple(sorted(set(params) | {BATCH_PARAM})), stream, False, source)
+    return Compiled(sql, tuple(sorted(set(params) | {TS_PARAM})), stream, False, source)
 
 
 def _copied_columns(query: exp.Expression, scope: Scope) -> list[str] | None:

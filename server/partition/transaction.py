@@ -21,7 +21,7 @@ from streamtx.errors import Aborted, InvalidArgument, StreamTxError
 from streamtx.procedure import Event, Row, StateProcedure, Tx
 from streamtx.server import sqltree
 from streamtx.server.catalog.compile import (
-    BATCH_PARAM,
+    TS_PARAMS,
     Compiled,
     batch_relation,
     compile_statement,
@@ -83,7 +83,12 @@ class Transaction(Tx):
         compiled = self.engine.compile_for(self.procedure, sql)
         self.register_input()
         bound = dict(params or {})
-        missing = [p for p in compiled.params if p != BATCH_PARAM and p not in bound]
+        reserved = sorted(TS_PARAMS & set(bound))
+        if reserved:
+            raise InvalidArgument(
+                f"procedure {self.procedure}: ${reserved[0]} is the running timestamp; pass no value for it"
+            )
+        missing = [p for p in compiled.params if p not in TS_PARAMS and p not in bound]
         if missing:
             raise InvalidArgument(f"procedure {self.procedure}: no value for ${missing[0]}")
         out = self._run(compiled, bound)
@@ -257,9 +262,7 @@ class Transaction(Tx):
         if compiled.copies is not None and self._copy(compiled.copies, compiled.emits):
             return None
         self.engine.state.barrier()
-        bound = {p: params.get(p) for p in compiled.params if p != BATCH_PARAM}
-        if BATCH_PARAM in compiled.params:
-            bound[BATCH_PARAM] = self.ts
+        bound = {p: self.ts if p in TS_PARAMS else params.get(p) for p in compiled.params}
         cursor = self.execute(compiled.sql, bound)
         if compiled.emits:
             if compiled.emits in self.engine.catalog.retained:
