@@ -8,7 +8,7 @@ with streamtx.connect("127.0.0.1:7411") as c:
 """
 
 from .async_client import AsyncClient, to_table
-from .results import DeployResult, PushResult, Result
+from .results import DeployResult, PushResult, Result, StatementPlan
 from .sync_client import Client, connect
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "DeployResult",
     "PushResult",
     "Result",
+    "StatementPlan",
     "connect",
     "to_table",
 ]

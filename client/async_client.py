@@ -34,7 +34,7 @@ from streamtx import errors, wire
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 
-from .results import DeployResult, PushResult, Result
+from .results import DeployResult, PushResult, Result, StatementPlan
 
 DEFAULT_TARGET = "127.0.0.1:7411"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -250,6 +250,11 @@ class AsyncClient:
         """Deploys a script (DDL, streams, windows, procedures, triggers) atomically."""
         resp = await self._unary("Deploy", pb.DeployRequest(sql=sql), retry=False)
         return DeployResult.from_proto(resp)
+
+    async def explain(self, name: str) -> list[StatementPlan]:
+        """How each SQL statement of a procedure or EE trigger runs: compiled, or in DuckDB and why."""
+        resp = await self._unary("Explain", pb.ExplainRequest(name=name))
+        return [StatementPlan.from_proto(p) for p in resp.statements]
 
     async def call(self, procedure: str, **params: Any) -> list[Result]:
         """Runs an OLTP procedure; one Result per result-producing statement.

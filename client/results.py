@@ -184,14 +184,32 @@ class PushResult:
 
 @dataclass(frozen=True)
 class DeployResult:
-    """What a deployed script changed in the catalog: (kind, name) pairs."""
+    """What a deployed script changed in the catalog: (kind, name) pairs, and how the new SQL runs."""
 
     created: list[tuple[str, str]] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
+    plans: list[StatementPlan] = field(default_factory=list)
 
     @classmethod
     def from_proto(cls, resp: pb.DeployResponse) -> DeployResult:
         return cls(
             created=[(o.kind, o.name) for o in resp.created],
             dropped=[(o.kind, o.name) for o in resp.dropped],
+            plans=[StatementPlan.from_proto(p) for p in resp.plans],
         )
+
+
+@dataclass(frozen=True)
+class StatementPlan:
+    """How one SQL statement of a procedure or trigger runs: `compiled` (how: `plan`) or in DuckDB (why: `reason`)."""
+
+    unit: str
+    index: int
+    sql: str
+    compiled: bool
+    plan: str
+    reason: str
+
+    @classmethod
+    def from_proto(cls, p: pb.StatementPlan) -> StatementPlan:
+        return cls(p.unit, p.index, p.sql, p.compiled, p.plan, p.reason)

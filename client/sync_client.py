@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
 from .async_client import DEFAULT_TARGET, AsyncClient
-from .results import DeployResult, PushResult, Result
+from .results import DeployResult, PushResult, Result, StatementPlan
 
 _T = TypeVar("_T")
 
@@ -116,6 +116,10 @@ class Client:
     def deploy(self, sql: str) -> DeployResult:
         """Deploys a script atomically; see AsyncClient.deploy."""
         return self._run(self._async.deploy(sql))
+
+    def explain(self, name: str) -> list[StatementPlan]:
+        """How each SQL statement of a procedure or EE trigger runs; see AsyncClient.explain."""
+        return self._run(self._async.explain(name))
 
     def call(self, procedure: str, **params: Any) -> list[Result]:
         """Runs an OLTP procedure; one Result per result-producing statement."""

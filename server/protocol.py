@@ -277,6 +277,14 @@ class Status(Command):
 
 
 @dataclass(frozen=True)
+class Explain(Command):
+    """How each statement of `units` (procedures, or "trigger t") runs here. Replies `Explained`."""
+
+    name = "explain"
+    units: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Echo(Command):
     """Returns its relations (bench ipc: the message path alone). Replies None."""
 
@@ -386,6 +394,23 @@ class Recovered:
     seconds: float = 0.0
     checkpointed: dict[tuple[str, str], int] = field(default_factory=dict)
     taken: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StatementPlan:
+    """One statement: compiled (`plan`, a step a line) or run in DuckDB (`reason`)."""
+
+    unit: str
+    index: int
+    sql: str
+    compiled: bool
+    plan: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Explained:
+    statements: list[StatementPlan]
 
 
 @dataclass(frozen=True)

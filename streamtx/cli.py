@@ -102,6 +102,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rows", type=int, default=1000, help="rows to print per result")
 
     p = sub.add_parser(
+        "explain",
+        help="how each SQL statement of a procedure or trigger runs: compiled, or in DuckDB and why",
+        description="Prints, for each SQL statement of the procedure (or EE trigger) NAME, whether it "
+        "runs compiled over the partitions' in-memory state, and how (its sources, key lookups, scans, "
+        "grouping), or in DuckDB, and why: what to rewrite for it to compile.",
+    )
+    p.add_argument("name", metavar="NAME", help="a procedure or an EE trigger")
+
+    p = sub.add_parser(
         "push",
         help="push a CSV, Parquet or JSON-lines file onto a stream in atomic batches",
         description="Reads FILE with pyarrow and pushes it onto STREAM in atomic batches of "
@@ -507,6 +516,21 @@ def _cmd_call(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+
+    with Client(args.target, **_client_kwargs(args)) as c:
+        plans = c.explain(args.name)
+    console = _console()
+    for p in plans:
+        how = "[green]compiled[/green]" if p.compiled else "[yellow]DuckDB[/yellow]"
+        console.print(f"[bold]{p.unit} statement {p.index + 1}[/bold] ({how}): {p.sql}", highlight=False)
+        detail = p.plan if p.compiled else p.reason
+        for line in detail.splitlines():
+            console.print(f"    {line}", highlight=False, markup=False)
+    return EXIT_OK
+
+
 def _cmd_checkpoint(args: argparse.Namespace) -> int:
     from streamtx.client import Client
 
@@ -733,6 +757,7 @@ _COMMANDS = {
     "deploy": _cmd_deploy,
     "sql": _cmd_sql,
     "call": _cmd_call,
+    "explain": _cmd_explain,
     "push": _cmd_push,
     "status": _cmd_status,
     "checkpoint": _cmd_checkpoint,

@@ -83,6 +83,7 @@ class Harness:
         executor: str = "opchain",
         interval_size: int = INTERVAL_SIZE,
         retention: int = 10_000,
+        sql_compiler: bool = True,
     ) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
@@ -92,6 +93,7 @@ class Harness:
         self.interval_size = interval_size
         self.loader = ProcedureLoader(Path(procedures_path) if procedures_path else default_procedures_path())
         self.engine = Engine(0, self.loader, retention, executor)
+        self.engine.sql_plans.enabled = sql_compiler
         self.dataflow = Dataflow(self.engine)
         self.catalog = Catalog()  # the front's copy; the engine installs its own from JSON, as a partition does
         self.last_ts = 0
@@ -281,22 +283,34 @@ def run(
     procedures_path: str | Path | None = None,
     setup: Callable[[Harness], Any] | None = None,
     interval_size: int = INTERVAL_SIZE,
+    sql_compiler: Iterable[bool] = (True,),
 ) -> RunResult:
-    """Runs the batches under each executor, each in a fresh `Harness`, and returns the first's result.
+    """Runs the batches under each executor and `sql_compiler` setting, each in a fresh `Harness`; returns the first's.
 
     `setup(harness)` runs after the deploy, before the batches (an OLTP call
-    that fills reference tables, say). The executors must agree on every
-    outcome, every table and every output batch (the tuples of one batch
-    compared in any order): else AssertionError naming the first difference.
+    that fills reference tables, say). The runs must agree on every outcome,
+    every table and every output batch (the tuples of one batch compared in
+    any order): else AssertionError naming the first difference. With
+    `sql_compiler=(False, True)`, SQL run in DuckDB is the reference the
+    compiled statements (server/sqlc) are checked against.
     """
     batches = list(batches)
     results: dict[str, RunResult] = {}
-    for executor in executors:
-        with Harness(deploy, procedures_path=procedures_path, executor=executor, interval_size=interval_size) as h:
-            if setup is not None:
-                setup(h)
-            outcomes = h.push_many(batches)
-            results[executor] = RunResult(outcomes, h.tables(), h.outputs())
+    for compiled in sql_compiler:
+        for executor in executors:
+            with Harness(
+                deploy,
+                procedures_path=procedures_path,
+                executor=executor,
+                interval_size=interval_size,
+                sql_compiler=compiled,
+            ) as h:
+                if setup is not None:
+                    setup(h)
+                outcomes = h.push_many(batches)
+                results[f"{executor}/{'compiled' if compiled else 'duckdb'}"] = RunResult(
+                    outcomes, h.tables(), h.outputs()
+                )
     if not results:
         raise ValueError("run: no executor given")
     (first, expected), *others = results.items()

@@ -40,7 +40,7 @@ def add_service(servicer: Any, server: grpc.aio.Server) -> None:
 
 MAX_PARAMS = 1_000
 """Parameters of one Call or Query."""
-NAME_FIELDS = ("stream", "producer_id", "procedure")
+NAME_FIELDS = ("stream", "producer_id", "procedure", "name")
 
 
 async def _decode(kind: type[Message], raw: bytes, context: grpc.aio.ServicerContext) -> Any:

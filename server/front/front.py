@@ -112,7 +112,8 @@ class Front:
         self.parser.close()
 
     # ------------------------------------------------------------------ deploy
-    async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    async def deploy(self, script: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[pr.StatementPlan]]:
+        """Deploys a script; returns what it created and dropped, and how the created SQL runs."""
         sqltree.check_size(script, "deploy")
         async with self._deploy_lock:
             new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
@@ -121,7 +122,25 @@ class Front:
             self.catalog = new
             self.sequencer.forget_streams(set(new.streams))
             self.counters["deploys"] += 1
-            return created, dropped
+        units = [
+            name if kind == "procedure" else f"trigger {name}"
+            for kind, name in created
+            if kind == "trigger" or (kind == "procedure" and new.procedures[name].python is None)
+        ]
+        plans = (await self.ask(HOME, pr.Explain(tuple(units))))[0].statements if units else []
+        return created, dropped, plans
+
+    async def explain(self, name: str) -> list[pr.StatementPlan]:
+        """How each SQL statement of a procedure or EE trigger runs (server/partition/sqlplans.py)."""
+        cat = self.catalog
+        proc = cat.procedures.get(name)
+        if proc is not None and proc.python is not None:
+            raise FailedPrecondition(f"explain: procedure {name!r} is Python ({proc.python}): it has no SQL statements")
+        if proc is None and name not in cat.triggers:
+            known = ", ".join([*cat.names("procedure"), *cat.names("trigger")]) or "none"
+            raise NotFound(f"explain: no procedure or trigger {name!r} (known: {known})")
+        unit = name if proc is not None else f"trigger {name}"
+        return (await self.ask(HOME, pr.Explain((unit,))))[0].statements
 
     # -------------------------------------------------------------------- push
     def check_push(self, stream: str, producer: str, batch_id: int) -> pa.Schema:

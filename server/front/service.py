@@ -29,7 +29,7 @@ from streamtx.errors import (
 )
 from streamtx.server.front.front import Front
 from streamtx.server.front.staging import PartSpec, Staging
-from streamtx.server.protocol import Outcome
+from streamtx.server.protocol import Outcome, StatementPlan
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 from streamtx.wire import decode_batches, decode_rowdata, encode_rowdata, params_from_proto
@@ -112,11 +112,18 @@ class StreamTxService(pb_grpc.StreamTxServicer):
 
     @rpc(admin=True)
     async def Deploy(self, request: pb.DeployRequest, context: Any) -> pb.DeployResponse:
-        created, dropped = await self.front.deploy(request.sql)
+        created, dropped, plans = await self.front.deploy(request.sql)
         return pb.DeployResponse(
             created=[pb.CatalogObject(kind=k, name=n) for k, n in created],
             dropped=[pb.CatalogObject(kind=k, name=n) for k, n in dropped],
+            plans=[_plan(p) for p in plans],
         )
+
+    @rpc()
+    async def Explain(self, request: pb.ExplainRequest, context: Any) -> pb.ExplainResponse:
+        if not request.name:
+            raise InvalidArgument("explain: no name given: name a procedure or an EE trigger")
+        return pb.ExplainResponse(statements=[_plan(p) for p in await self.front.explain(request.name)])
 
     @rpc()
     async def Push(self, request: pb.PushRequest, context: Any) -> pb.PushAck:
@@ -481,6 +488,10 @@ def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
         else:
             out.append(ack)
     return out
+
+
+def _plan(p: StatementPlan) -> pb.StatementPlan:
+    return pb.StatementPlan(unit=p.unit, index=p.index, sql=p.sql, compiled=p.compiled, plan=p.plan, reason=p.reason)
 
 
 def fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:

@@ -33,6 +33,7 @@ import pyarrow as pa
 from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
 from streamtx.procedure import Event, Row, StateProcedure
 from streamtx.server import protocol as pr
+from streamtx.server.catalog.compile import TS_PARAMS
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import Exchange, keep_owned
 from streamtx.server.partition.marks import Mark, Taken
@@ -496,6 +497,7 @@ class Dataflow:
             if consumer is not None and (p.batch.num_rows < 2 or not eng.catalog.procedures[consumer[0]].each_row):
                 taken.append((p, *consumer))
                 by_stream.setdefault(p.stream, []).append(p.batch)
+        self._prefetch_sql(pushes)
         rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
         events: list[Event] = []
         for p, name, fn in taken:
@@ -510,6 +512,31 @@ class Dataflow:
             events += prepared
         eng.state.load_for(events)
         eng.prepared_epoch = eng.state.ws.epoch
+
+    def _prefetch_sql(self, pushes: list[Push]) -> None:
+        """Loads, for the whole interval at once, the rows the SQL procedures' compiled statements will look up
+        by keys their batches hold (TStream's step 2 for SQL: one query per table, not one per batch)."""
+        eng = self.engine
+        cat = eng.catalog
+        wanted: dict[str, list[Any]] = {}
+        for p in pushes:
+            lookups = [
+                f
+                for proc in cat.consumers.get(p.stream, [])
+                if cat.procedures[proc].python is None
+                for f in eng.sql_plans.prefetch(proc, cat.plans[proc].statements)
+            ]
+            if not lookups:
+                continue
+            params = dict.fromkeys(TS_PARAMS, p.ts)
+            for row in table_rows(p.batch):
+                for table, key in lookups:
+                    try:
+                        wanted.setdefault(table, []).append(key(row, params))
+                    except Exception:  # the statement itself will fail on this row, and say why
+                        continue
+        for table, keys in wanted.items():
+            eng.state.load(table, keys)
 
     def _state_consumer(self, stream: str) -> tuple[str, StateProcedure] | None:
         """The state procedure consuming `stream`, if it is the stream's only consumer."""

@@ -37,6 +37,7 @@ from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
 from streamtx.server.partition.relations import Relations
+from streamtx.server.partition.sqlplans import SqlPlans
 from streamtx.server.partition.state import StateStore
 from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
@@ -69,6 +70,7 @@ class Engine:
             self.con.execute(sql)
         self.catalog = Catalog()
         self.relations = Relations(self.con)
+        self.sql_plans = SqlPlans(self.con)
         self.marks = Marks()
         self.retained: dict[str, collections.deque[int]] = {}
         self.trimmed_through: dict[str, int] = {}
@@ -114,6 +116,7 @@ class Engine:
         self.windows.load()
         self.load_marks()
         self.state.refresh_schema()
+        self.sql_plans.reset(catalog)
         for stream in list(self.retained):
             if stream not in catalog.streams:
                 del self.retained[stream]

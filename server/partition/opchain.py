@@ -44,9 +44,10 @@ class WorkingSet:
         self.rows: dict[str, dict[Key, Row | None]] = {}
         self.dirty: dict[str, set[Key]] = {}
         self.absent: dict[str, set[Key]] = {}
+        self.complete: set[str] = set()  # tables held whole: a key they lack is not in the table
         self.epoch = 0
         self.undo: list[Undo] | None = None  # the open transaction's writes, oldest first
-        self._begun: tuple[dict[str, dict[Key, Row | None]], dict[str, set[Key]]] | None = None
+        self._begun: tuple[dict[str, dict[Key, Row | None]], dict[str, set[Key]], set[str]] | None = None
 
     def load(self, table: str, rows: dict[Key, Row | None]) -> None:
         self.rows.setdefault(table, {}).update(rows)
@@ -69,6 +70,7 @@ class WorkingSet:
         self.rows = {}
         self.dirty = {}
         self.absent = {}
+        self.complete = set()
         self.epoch += 1
 
     def forget(self, table: str) -> None:
@@ -76,6 +78,7 @@ class WorkingSet:
         assert not self.dirty.get(table) and self.undo is None
         self.rows.pop(table, None)
         self.absent.pop(table, None)
+        self.complete.discard(table)
         self.epoch += 1
 
     def written_back(self, tables: set[str] | None = None) -> None:
@@ -84,7 +87,7 @@ class WorkingSet:
 
     def begin(self) -> None:
         self.undo = []
-        self._begun = (self.rows, self.dirty)
+        self._begun = (self.rows, self.dirty, set(self.complete))
 
     def commit(self) -> None:
         self.undo = None
@@ -95,7 +98,7 @@ class WorkingSet:
         if self.undo is None or self._begun is None:
             return
         _take_back(self.undo)
-        self.rows, self.dirty = self._begun
+        self.rows, self.dirty, self.complete = self._begun
         self.absent = {}
         self.epoch += 1
         self.commit()

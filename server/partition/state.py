@@ -274,6 +274,7 @@ class StateStore:
         self.engine = engine
         self.ws = WorkingSet()
         self.keys: dict[str, str] = {}  # table -> its one-column primary key
+        self.key_columns: dict[str, tuple[str, ...]] = {}  # table -> its primary key columns (compiled SQL)
         self.columns: dict[str, list[str]] = {}
         self.checks: dict[str, TableCheck] = {}  # tables whose rows may wait in the working set
         # retained-stream tuples (tables, or row values of the stream's shape), marks and trims not yet in DuckDB
@@ -286,10 +287,12 @@ class StateStore:
         """Reads primary keys and columns of the tables (after a deploy)."""
         con = self.engine.con
         self.keys = {}
+        self.key_columns = {}
         for table, cols in con.execute(
             "SELECT table_name, constraint_column_names FROM duckdb_constraints() "
             "WHERE constraint_type = 'PRIMARY KEY' AND schema_name = 'main'"
         ).fetchall():
+            self.key_columns[table] = tuple(cols)
             if len(cols) == 1:
                 self.keys[table] = cols[0]
         self.columns = {t: list(cols) for t, cols in self.engine.catalog.table_columns.items()}
@@ -355,6 +358,10 @@ class StateStore:
             self._load(table, list(keys))
 
     def _load(self, table: str, keys: list[Any]) -> None:
+        key_cols = self.key_columns.get(table)
+        if key_cols is not None and len(key_cols) > 1:
+            self._load_composite(table, key_cols, keys)
+            return
         pk = self.key_of(table)
         cols = self.columns[table]
         select = f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table)} WHERE {quote(pk)}"
@@ -366,9 +373,73 @@ class StateStore:
         pk_index = cols.index(pk)
         for r in rows:
             found[r[pk_index]] = dict(zip(cols, r, strict=True))
-        self.ws.load(table, found)
-        if len(rows) < len(found):
-            self.ws.absent.setdefault(table, set()).update(k for k, row in found.items() if row is None)
+        self._loaded(table, found, len(rows))
+
+    def _load_composite(self, table: str, key_cols: tuple[str, ...], keys: list[tuple[Any, ...]]) -> None:
+        cols = self.columns[table]
+        wanted = pa.table({c: [k[i] for k in keys] for i, c in enumerate(key_cols)})
+        self.engine.con.register("__keys__", wanted)
+        on = " AND ".join(f"t.{quote(c)} = k.{quote(c)}" for c in key_cols)
+        rows = self.engine.con.execute(
+            f"SELECT {', '.join('t.' + quote(c) for c in cols)} FROM {quote(table)} t JOIN __keys__ k ON {on}"
+        ).fetchall()
+        self.engine.con.unregister("__keys__")
+        found: dict[Any, dict[str, Any] | None] = dict.fromkeys(keys)
+        at = [cols.index(c) for c in key_cols]
+        for r in rows:
+            found[tuple(r[i] for i in at)] = dict(zip(cols, r, strict=True))
+        self._loaded(table, found, len(rows))
+
+    def _loaded(self, table: str, found: dict[Any, Row | None], present: int) -> None:
+        """Rows read from DuckDB join the working set, without replacing what it holds (written, maybe dirty)."""
+        have = self.ws.rows.setdefault(table, {})
+        new = {k: r for k, r in found.items() if k not in have}
+        self.ws.load(table, new)
+        if present < len(found):
+            self.ws.absent.setdefault(table, set()).update(k for k, row in new.items() if row is None)
+
+    # -------------------------------------------------- compiled SQL (server/sqlc)
+    def row(self, table: str, key: Any) -> Row | None:
+        """A row by primary key (a tuple for a composite key), loaded from DuckDB if the working set lacks it."""
+        have = self.ws.rows.get(table)
+        if have is None or key not in have:
+            if table in self.ws.complete:
+                return None
+            self._load(table, [key])
+            have = self.ws.rows[table]
+        return have[key]
+
+    def rows(self, table: str, limit: int) -> Iterable[Row] | None:
+        """Every row of `table`, once loaded whole (None: it holds more than `limit` rows)."""
+        ws = self.ws
+        if table not in ws.complete:
+            con = self.engine.con
+            n = con.execute(f"SELECT count(*) FROM {quote(table)}").fetchone()[0]
+            if n > limit:
+                return None
+            cols = self.columns[table]
+            key_cols = self.key_columns[table]
+            at = [cols.index(c) for c in key_cols]
+            rows = con.execute(f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table)}").fetchall()
+            found = {
+                (r[at[0]] if len(at) == 1 else tuple(r[i] for i in at)): dict(zip(cols, r, strict=True)) for r in rows
+            }
+            have = ws.rows.setdefault(table, {})
+            ws.load(table, {k: r for k, r in found.items() if k not in have})
+            ws.complete.add(table)
+        return [r for r in ws.rows[table].values() if r is not None]
+
+    def put(self, table: str, key: Any, row: Row | None) -> None:
+        self.ws.write(table, key, row)
+
+    def load(self, table: str, keys: list[Any]) -> None:
+        """Loads the keys the working set lacks (a punctuation interval's lookups, at once)."""
+        if table in self.ws.complete:
+            return
+        have = self.ws.rows.get(table, {})
+        missing = list(dict.fromkeys(k for k in keys if k not in have))
+        if missing:
+            self._load(table, missing)
 
     def write_back(self, tables: Iterable[str] | None = None) -> int:
         """Writes the dirty rows (of `tables`; all: None), in as few and as cheap DuckDB statements as they allow.
@@ -386,10 +457,18 @@ class StateStore:
         ws = self.ws
         written = 0
         chosen = None if tables is None else set(tables)
-        for table, keys in ws.dirty.items():
-            if not keys or (chosen is not None and table not in chosen):
+        for table, dirty in ws.dirty.items():
+            if not dirty or (chosen is not None and table not in chosen):
                 continue
             have = ws.rows[table]
+            keys = [k for k in dirty if have[k] is not None]
+            gone = [k for k in dirty if have[k] is None]
+            if gone:
+                self._delete(table, gone)
+                ws.absent.setdefault(table, set()).update(gone)
+                written += len(gone)
+            if not keys:
+                continue
             pk = self.keys.get(table)
             rows = [have[k] for k in keys]
             written += len(rows)
@@ -417,6 +496,16 @@ class StateStore:
             self.write_back()
         except duckdb.Error as e:
             raise Aborted(f"procedure {procedure}: {type(e).__name__}: {e}") from None
+
+    def _delete(self, table: str, keys: list[Any]) -> None:
+        """Rows deleted in the working set (a compiled DELETE), deleted in DuckDB: one statement."""
+        key_cols = self.key_columns[table]
+        gone = pa.table({c: [k if len(key_cols) == 1 else k[i] for k in keys] for i, c in enumerate(key_cols)})
+        name = f"__gone__{table}"
+        self.engine.con.register(name, gone)
+        on = " AND ".join(f"{quote(table)}.{quote(c)} = {name}.{quote(c)}" for c in key_cols)
+        self.engine.con.execute(f"DELETE FROM {quote(table)} USING {name} WHERE {on}")
+        self.engine.con.unregister(name)
 
     def _insert(self, table: str, rows: list[Row]) -> None:
         cols = self.columns[table]

@@ -31,6 +31,9 @@ from streamtx.server.partition.exchange import run_replicated
 from streamtx.server.partition.opchain import apply_event
 from streamtx.server.partition.ownership import check_local
 from streamtx.server.partition.state import Values, table_rows
+from streamtx.server.sqlc.ctx import Ctx, Fallback
+from streamtx.server.sqlc.expr import SqlError
+from streamtx.server.sqlc.statement import Statement
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -69,6 +72,7 @@ class Transaction(Tx):
         self.results: list[pa.Table] = []
         self.statements = 0
         self._input_registered = False
+        self._batch_rows: list[Row] | None = None
         self._depth = 0
         everywhere = engine.catalog.placement.procedures.get(procedure or "") == EVERYWHERE
         self.away = everywhere and engine.partition != 0
@@ -118,7 +122,7 @@ class Transaction(Tx):
     # --------------------------------------------------------------- engine
     def run_plan(self, statements: list[tuple[int, Compiled]]) -> None:
         for i, compiled in statements:
-            out = self._run(compiled, self.params)
+            out = self._run(compiled, self.params, (self.procedure, i), self.batch)
             if out is not None and compiled.returns_rows:
                 self.results.append(out)
                 self.result_ids.append(i)
@@ -232,9 +236,11 @@ class Transaction(Tx):
         self._emitted(stream, table)
         self.emitted_values[stream] = (table, values)
 
-    def run_compiled(self, compiled: Compiled) -> None:
-        """Runs one compiled statement of an EE trigger (no parameters but the batch id)."""
-        self._run(compiled, {})
+    def run_compiled(
+        self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: pa.Table | None = None
+    ) -> None:
+        """Runs one statement of an EE trigger (no parameters but the timestamp) over the `rows` it fired for."""
+        self._run(compiled, {}, plan, rows)
 
     def register_input(self) -> None:
         if self.input_stream is not None and self.batch is not None and not self._input_registered:
@@ -252,15 +258,33 @@ class Transaction(Tx):
         self._register(batch_relation(stream), rows)
         try:
             for name in names:
-                for _, compiled in self.statements_of(f"trigger {name}"):
-                    self.run_compiled(compiled)
+                unit = f"trigger {name}"
+                for i, compiled in self.statements_of(unit):
+                    self.run_compiled(compiled, (unit, i), rows)
         finally:
             self._depth -= 1
 
     # -------------------------------------------------------------- private
-    def _run(self, compiled: Compiled, params: dict[str, Any]) -> pa.Table | None:
+    def _run(
+        self,
+        compiled: Compiled,
+        params: dict[str, Any],
+        plan: tuple[str | None, int] | None = None,
+        batch: pa.Table | None = None,
+    ) -> pa.Table | None:
+        """Runs one statement: compiled over the working set (server/sqlc) when it can, else in DuckDB.
+
+        `plan` names the statement (its procedure or trigger, and index) for
+        its compiled form; `batch` is the input it reads by the stream's name.
+        """
         if compiled.copies is not None and self._copy(compiled.copies, compiled.emits):
             return None
+        if plan is not None and plan[0] is not None and not self.spread:
+            choice = self.engine.sql_plans.choice(plan[0], plan[1], compiled)
+            if choice.compiled is not None:
+                done, out = self._run_compiled(choice.compiled, compiled, params, batch)
+                if done:
+                    return out
         self.engine.state.barrier()
         bound = {p: self.ts if p in TS_PARAMS else params.get(p) for p in compiled.params}
         cursor = self.execute(compiled.sql, bound)
@@ -276,6 +300,39 @@ class Transaction(Tx):
         if compiled.returns_rows:
             return cursor.to_arrow_table()
         return None
+
+    def _run_compiled(
+        self, statement: Statement, compiled: Compiled, params: dict[str, Any], batch: pa.Table | None
+    ) -> tuple[bool, pa.Table | None]:
+        """(True, its result) once run over the working set; (False, None) if it must run in DuckDB this time."""
+        eng = self.engine
+        rows = None if batch is None else self._rows_of(batch)
+        bound = {**params, **dict.fromkeys(TS_PARAMS, self.ts)}
+        try:
+            result = statement.run(Ctx(eng.state, rows, bound, self.ts))
+        except Fallback:
+            eng.counters["sql_fallbacks"] += 1
+            return False, None
+        except SqlError as e:  # worded as DuckDB words it: the same reason whichever way the statement ran
+            raise Aborted(f"procedure {self.procedure or '?'}: {error_text(e)}") from None
+        self.statements += 1
+        eng.counters["sql_compiled"] += 1
+        out = result.emitted
+        if out is not None and out.num_rows and compiled.emits is not None:
+            if compiled.emits in eng.catalog.retained:
+                eng.state.pending.out.setdefault(compiled.emits, []).append((self.ts, out))
+                self.stored.add(compiled.emits)
+            else:
+                self._emitted(compiled.emits, out)
+        return True, result.rows
+
+    def _rows_of(self, batch: pa.Table) -> list[Row]:
+        """A batch's rows as dicts, converted once per TE (its input batch from `batch_values` when known)."""
+        if batch is self.batch:
+            if self._batch_rows is None:
+                self._batch_rows = self.batch_rows()
+            return self._batch_rows
+        return table_rows(batch)
 
     def _copy(self, columns: tuple[str, ...], stream: str | None) -> bool:
         """An emit copying input columns, done on the Arrow table SQL would read; False: let DuckDB run it."""

@@ -125,6 +125,7 @@ class Worker:
             pr.Original: lambda c, _: (self.engine.original_outcome(c.producer, c.stream, c.batch_id), []),
             pr.ReadMarks: self._read_marks,
             pr.Echo: lambda c, t: (None, t),
+            pr.Explain: self._explain,
             pr.Status: lambda c, _: (self.engine.status(), []),
         }
 
@@ -417,6 +418,14 @@ class Worker:
             checkpoints.drop_older(self.data_dir / "checkpoints", c.ts)
             self.journal.log.truncate_before(lsn + 1)
         return None, []
+
+    def _explain(self, c: pr.Explain, _: list[pa.Table]) -> tuple[pr.Explained, list[pa.Table]]:
+        cat = self.engine.catalog
+        out = []
+        for unit in c.units:
+            plan = cat.trigger_plans[unit[8:]] if unit.startswith("trigger ") else cat.plans[unit]
+            out += self.engine.sql_plans.explain(unit, plan.statements)
+        return pr.Explained(out), []
 
     def _read_marks(self, _: pr.ReadMarks, __: list[pa.Table]) -> tuple[pr.MarksRead, list[pa.Table]]:
         self.engine.load_marks()

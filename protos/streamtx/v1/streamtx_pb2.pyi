@@ -84,12 +84,42 @@ class CatalogObject(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ...) -> None: ...
 
 class DeployResponse(_message.Message):
-    __slots__ = ("created", "dropped")
+    __slots__ = ("created", "dropped", "plans")
     CREATED_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PLANS_FIELD_NUMBER: _ClassVar[int]
     created: _containers.RepeatedCompositeFieldContainer[CatalogObject]
     dropped: _containers.RepeatedCompositeFieldContainer[CatalogObject]
-    def __init__(self, created: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ..., dropped: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ...) -> None: ...
+    plans: _containers.RepeatedCompositeFieldContainer[StatementPlan]
+    def __init__(self, created: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ..., dropped: _Optional[_Iterable[_Union[CatalogObject, _Mapping]]] = ..., plans: _Optional[_Iterable[_Union[StatementPlan, _Mapping]]] = ...) -> None: ...
+
+class ExplainRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class StatementPlan(_message.Message):
+    __slots__ = ("unit", "index", "sql", "compiled", "plan", "reason")
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SQL_FIELD_NUMBER: _ClassVar[int]
+    COMPILED_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    unit: str
+    index: int
+    sql: str
+    compiled: bool
+    plan: str
+    reason: str
+    def __init__(self, unit: _Optional[str] = ..., index: _Optional[int] = ..., sql: _Optional[str] = ..., compiled: _Optional[bool] = ..., plan: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ExplainResponse(_message.Message):
+    __slots__ = ("statements",)
+    STATEMENTS_FIELD_NUMBER: _ClassVar[int]
+    statements: _containers.RepeatedCompositeFieldContainer[StatementPlan]
+    def __init__(self, statements: _Optional[_Iterable[_Union[StatementPlan, _Mapping]]] = ...) -> None: ...
 
 class PushRequest(_message.Message):
     __slots__ = ("stream", "producer_id", "batch_id", "data", "batch_rows")

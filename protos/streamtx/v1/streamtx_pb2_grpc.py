@@ -99,6 +99,11 @@ class StreamTxStub:
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.SerializeToString,
                 response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.FromString,
                 _registered_method=True)
+        self.Explain = channel.unary_unary(
+                '/streamtx.v1.StreamTx/Explain',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.ExplainRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.ExplainResponse.FromString,
+                _registered_method=True)
 
 
 class StreamTxServicer:
@@ -200,6 +205,14 @@ class StreamTxServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Explain(self, request, context):
+        """How each SQL statement of a procedure or trigger runs: compiled over the
+        partitions' in-memory state (microseconds), or in DuckDB, and why.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_StreamTxServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -267,6 +280,11 @@ def add_StreamTxServicer_to_server(servicer, server):
                     servicer.AbortStaged,
                     request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.FromString,
                     response_serializer=streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.SerializeToString,
+            ),
+            'Explain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Explain,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.ExplainRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.ExplainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -620,6 +638,33 @@ class StreamTx:
             '/streamtx.v1.StreamTx/AbortStaged',
             streamtx_dot_v1_dot_streamtx__pb2.AbortStagedRequest.SerializeToString,
             streamtx_dot_v1_dot_streamtx__pb2.AbortStagedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Explain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/Explain',
+            streamtx_dot_v1_dot_streamtx__pb2.ExplainRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.ExplainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,71 @@
+"""What a compiled statement runs against: the working set of the partition, the TE's batch and parameters.
+
+Compiled statements read and write rows by primary key in the working set
+(server/partition/opchain.py `WorkingSet`), which holds the rows of the
+running punctuation interval and writes them back to DuckDB at its commit, so
+a statement costs a few dictionary operations instead of a DuckDB round trip.
+A key the working set does not hold is loaded from DuckDB (one point query;
+`prefetch` loads an interval's keys in one query per table). A scan needs the
+whole table in the working set: tables of at most `SCAN_MAX` rows are loaded
+whole once, and a larger one makes the statement fall back to DuckDB
+(`Fallback`, raised before the statement wrote anything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+SCAN_MAX = 10_000
+"""Rows of a table a compiled statement may scan; a larger table's statement runs in DuckDB."""
+
+Row = dict[str, Any]
+Key = Any
+
+
+class Fallback(Exception):  # noqa: N818 - a signal, not an error: the statement runs in DuckDB instead
+    """The compiled plan cannot run this time (a scan of a large table): DuckDB runs the statement."""
+
+
+class Store(Protocol):
+    """The partition's working set, as compiled statements need it (server/partition/state.py `StateStore`)."""
+
+    def row(self, table: str, key: Key) -> Row | None: ...
+
+    def rows(self, table: str, limit: int) -> Iterable[Row] | None: ...
+
+    def put(self, table: str, key: Key, row: Row | None) -> None: ...
+
+    def load(self, table: str, keys: list[Key]) -> None: ...
+
+
+class Ctx:
+    """One execution of a compiled statement: the store, the TE's input batch (rows), parameters, timestamp."""
+
+    __slots__ = ("store", "batch", "params", "ts")
+
+    def __init__(self, store: Store, batch: list[Row] | None, params: dict[str, Any], ts: int) -> None:
+        self.store = store
+        self.batch = batch
+        self.params = params
+        self.ts = ts
+
+    def get(self, table: str, key: Key) -> Row | None:
+        """The row of `table` with primary key `key` (a tuple for a composite key), or None."""
+        return self.store.row(table, key)
+
+    def scan(self, table: str) -> Iterator[Row]:
+        rows = self.store.rows(table, SCAN_MAX)
+        if rows is None:
+            raise Fallback(f"table {table!r} holds more than {SCAN_MAX} rows")
+        return iter(list(rows))
+
+
+def one(row: Row | None) -> tuple[Row, ...]:
+    """A lookup as a loop of zero or one row (an inner join, or a point read)."""
+    return () if row is None else (row,)
+
+
+def opt(row: Row | None) -> tuple[Row | None]:
+    """A lookup as a loop of exactly one row, None when missing (a LEFT JOIN)."""
+    return (row,)

@@ -1,0 +1,813 @@
+"""Queries compiled to Python: FROM, JOIN, WHERE, GROUP BY, window functions, ORDER BY, LIMIT.
+
+A query becomes one generated Python function over the working set
+(`ctx.py`): nested loops over its sources (the TE's batch, a row looked up by
+primary key, a scan of a small table, a subquery's rows), a filter for WHERE,
+then, in plain Python, grouping, window functions, projection, DISTINCT,
+ORDER BY and LIMIT. Scalar expressions are compiled by `expr.py`, so values,
+NULLs, overflows and errors are DuckDB's.
+
+What is refused (`Unsupported`, with the reason `explain` shows) runs in
+DuckDB instead: a join that is neither a primary-key lookup nor an inner join
+with a scanned table, a correlated subquery that is not a primary-key lookup,
+aggregates whose result could differ from DuckDB's by rounding (sums of
+floating point numbers), set operations, recursive CTEs, and every function
+or type `expr.py` does not compile exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlglot import exp
+
+from streamtx.server.sqlc import types as T
+from streamtx.server.sqlc.expr import Code, Unsupported, compile_expr
+
+SqlType = T.SqlType
+
+
+@dataclass(frozen=True)
+class Relation:
+    """A table or a stream as a compiled statement sees it."""
+
+    name: str
+    columns: tuple[tuple[str, SqlType], ...]
+    key: tuple[str, ...] = ()  # primary key columns (none: the table can only be scanned)
+    stream: bool = False
+    not_null: frozenset[str] = frozenset()
+    refuse_writes: str = ""  # why compiled statements may not write it (UNIQUE constraints, defaults)
+
+    @property
+    def types(self) -> dict[str, SqlType]:
+        return dict(self.columns)
+
+
+@dataclass(frozen=True)
+class Names:
+    """Everything a statement may name: the procedure's scope, with types."""
+
+    relations: dict[str, Relation]
+    input_stream: str | None
+    params: dict[str, SqlType]
+    unsupported: dict[str, str] = field(default_factory=dict)  # name -> why it cannot be read compiled (windows)
+
+
+@dataclass
+class Source:
+    """One relation of a query's FROM: where its rows come from, and the variable holding the current one."""
+
+    alias: str
+    var: str
+    columns: dict[str, SqlType]
+    loop: str  # the Python iterable its rows come from
+    nullable: bool = False  # LEFT JOIN: the row may be None
+    describe: str = ""
+
+
+@dataclass
+class Query:
+    """A compiled query: `source` defines `fn(ctx, outer...)` returning a list of row tuples."""
+
+    names: list[str]
+    types: list[SqlType]
+    source: str
+    fn_name: str
+    outer: list[str]  # the outer row variables a correlated subquery takes
+    describe: list[str]
+    subqueries: list[Query] = field(default_factory=list)
+    keys: list[tuple[str, str, str]] = field(default_factory=list)  # (table, key source, batch row variable)
+    batch_var: str | None = None  # the variable of the input batch's row, if the batch is the only source
+    projections: list[str] | None = None  # each output column's source over the rows (ungrouped queries)
+
+
+class _Gen:
+    """Names for generated functions and variables, unique in one statement."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count()
+
+    def name(self, prefix: str) -> str:
+        return f"{prefix}{next(self._ids)}"
+
+
+AGGREGATES = (exp.Count, exp.Sum, exp.Min, exp.Max)
+
+
+def plan_query(select: exp.Expression, names: Names, gen: _Gen, outer: list[Source] | None = None) -> Query:
+    """Compiles a SELECT (or VALUES) into a function; `outer` are the sources a correlated subquery sees."""
+    if isinstance(select, exp.Subquery):
+        select = select.this
+    if isinstance(select, exp.Values):
+        return _plan_values(select, names, gen)
+    if not isinstance(select, exp.Select):
+        raise Unsupported(f"{type(select).__name__.upper()} queries run in DuckDB")
+    for unsupported in ("with_", "with", "qualify", "distinct_on"):
+        if select.args.get(unsupported):
+            raise Unsupported(f"{unsupported.rstrip('_').upper()} runs in DuckDB")
+    distinct = select.args.get("distinct")
+    if distinct is not None and distinct.args.get("on"):
+        raise Unsupported("DISTINCT ON runs in DuckDB")
+    return _Planner(select, names, gen, outer or []).plan()
+
+
+class _Planner:
+    def __init__(self, select: exp.Select, names: Names, gen: _Gen, outer: list[Source]) -> None:
+        self.select = select
+        self.names = names
+        self.gen = gen
+        self.outer = outer
+        self.sources: list[Source] = []
+        self.lines: list[str] = []
+        self.describe: list[str] = []
+        self.subqueries: list[Query] = []
+        self.hoisted: list[str] = []  # uncorrelated subqueries, computed once per run
+        self.keys: list[tuple[str, str, str]] = []
+        self.used_outer: set[str] = set()
+        self.projections: list[str] | None = None
+
+    # ---------------------------------------------------------------- plan
+    def plan(self) -> Query:
+        sel = self.select
+        where = sel.args.get("where")
+        conjuncts = _conjuncts(where.this) if where is not None else []
+        from_ = sel.args.get("from_") or sel.args.get("from")
+        body: list[str] = []
+        depth = 1
+        if from_ is not None:
+            depth = self._from(from_.this, conjuncts, body, depth)
+        else:
+            body.append(_indent(depth, "for _ in (None,):"))
+            depth += 1
+            self.describe.append("no FROM: one row")
+        for join in sel.args.get("joins") or []:
+            depth = self._join(join, conjuncts, body, depth)
+        for c in conjuncts:
+            code = self._expr(c, self._row_env())
+            body.append(_indent(depth, f"if ({code.source}) is not True: continue"))
+        if conjuncts:
+            self.describe.append("filter: " + " AND ".join(c.sql("duckdb") for c in conjuncts))
+        grouped = bool(sel.args.get("group")) or any(
+            e.find(*AGGREGATES) for e in sel.expressions if not _inside_window(e.find(*AGGREGATES))
+        )
+        fn = self.gen.name("q")
+        row_vars = [s.var for s in self.sources]
+        env_tuple = f"({', '.join(row_vars)},)" if row_vars else "()"
+        if grouped:
+            out_names, out_types, tail = self._grouped(body, depth, row_vars)
+        else:
+            body.append(_indent(depth, f"E.append({env_tuple})"))
+            out_names, out_types, tail = self._ungrouped(row_vars)
+        outer_vars = sorted(self.used_outer)
+        header = [f"def {fn}(ctx{''.join(', ' + v for v in outer_vars)}):", "    P = ctx.params", "    E = []"]
+        source = "\n".join([*(s.source for s in self.subqueries), *header, *self.hoisted, *body, *tail])
+        batch_var = self.sources[0].var if len(self.sources) == 1 and self.sources[0].loop == "ctx.batch" else None
+        return Query(
+            out_names,
+            out_types,
+            source,
+            fn,
+            outer_vars,
+            self.describe,
+            self.subqueries,
+            self.keys,
+            batch_var,
+            None if grouped else self.projections,
+        )
+
+    # ---------------------------------------------------------------- FROM
+    def _from(self, node: exp.Expression, conjuncts: list[exp.Expression], body: list[str], depth: int) -> int:
+        return self._source(node, conjuncts, body, depth, on=None, side="")
+
+    def _join(self, join: exp.Join, conjuncts: list[exp.Expression], body: list[str], depth: int) -> int:
+        side = (join.args.get("side") or "").upper()
+        kind = (join.args.get("kind") or "").upper()
+        if join.args.get("using") or kind in ("SEMI", "ANTI", "NATURAL", "ASOF") or side in ("RIGHT", "FULL"):
+            raise Unsupported(f"{(side + ' ' + kind).strip() or 'this'} JOIN runs in DuckDB")
+        on = join.args.get("on")
+        if kind == "CROSS" or on is None:
+            if side:
+                raise Unsupported(f"{side} JOIN without ON runs in DuckDB")
+            return self._source(join.this, [], body, depth, on=[], side="")
+        return self._source(join.this, conjuncts, body, depth, on=_conjuncts(on), side=side)
+
+    def _source(
+        self,
+        node: exp.Expression,
+        where: list[exp.Expression],
+        body: list[str],
+        depth: int,
+        on: list[exp.Expression] | None,
+        side: str,
+    ) -> int:
+        var = self.gen.name("r")
+        alias = node.alias_or_name
+        if isinstance(node, exp.Subquery):
+            if side:
+                raise Unsupported("a LEFT JOIN of a subquery runs in DuckDB")
+            q = plan_query(node.this, self.names, self.gen, self.outer + self.sources)
+            self._correlated(q)
+            self.subqueries.append(q)
+            cols = dict(zip(q.names, q.types, strict=True))
+            loop = f"_dicts({q.fn_name}(ctx{''.join(', ' + v for v in q.outer)}), {tuple(q.names)!r})"
+            src = Source(alias, var, cols, loop, describe=f"subquery {alias}")
+            self.describe += [f"  {line}" for line in q.describe]
+            return self._enter(src, on or [], body, depth)
+        if not isinstance(node, exp.Table) or node.db:
+            raise Unsupported(f"FROM {node.sql('duckdb')} runs in DuckDB")
+        name = node.name
+        if name in self.names.unsupported:
+            raise Unsupported(self.names.unsupported[name])
+        rel = self.names.relations.get(name)
+        if rel is None:
+            raise Unsupported(f"{name!r} is not a table or stream the compiler knows")
+        cols = rel.types
+        if rel.stream:
+            if name != self.names.input_stream:
+                raise Unsupported(f"stream {name!r} is not this statement's input")
+            if side:
+                raise Unsupported("a LEFT JOIN of the input batch runs in DuckDB")
+            src = Source(alias, var, cols, "ctx.batch", describe=f"{alias}: the input batch")
+            return self._enter(src, on or [], body, depth)
+        pinned = self._pinned(rel, alias, (on if on is not None else where))
+        if pinned is not None:
+            exprs, used = pinned
+            for u in used:
+                (on if on is not None else where).remove(u)
+            key = exprs[0] if len(exprs) == 1 else f"({', '.join(exprs)},)"
+            how = "opt" if side == "LEFT" else "one"
+            src = Source(alias, var, cols, f"_{how}(ctx.get({name!r}, {key}))", side == "LEFT")
+            src.describe = f"{alias}: {name} by primary key ({', '.join(rel.key)})" + (" (LEFT)" if side else "")
+            if len(self.sources) == 1 and self.sources[0].loop == "ctx.batch" and not self.used_outer:
+                self.keys.append((name, key, self.sources[0].var))
+            remaining = on if on is not None else []
+            return self._enter(src, remaining, body, depth)
+        if side:
+            raise Unsupported(f"LEFT JOIN {name}: not on its whole primary key")
+        src = Source(alias, var, cols, f"ctx.scan({name!r})", describe=f"{alias}: scan of {name} (small tables only)")
+        return self._enter(src, on or [], body, depth)
+
+    def _enter(self, src: Source, on: list[exp.Expression], body: list[str], depth: int) -> int:
+        body.append(_indent(depth, f"for {src.var} in {src.loop}:"))
+        self.sources.append(src)
+        self.describe.append(src.describe)
+        depth += 1
+        for c in list(on):
+            code = self._expr(c, self._row_env())
+            body.append(_indent(depth, f"if ({code.source}) is not True: continue"))
+        return depth
+
+    def _pinned(
+        self, rel: Relation, alias: str, conjuncts: list[exp.Expression] | None
+    ) -> tuple[list[str], list[exp.Expression]] | None:
+        """Key expressions if `conjuncts` pin every primary key column of `rel` to an expression of earlier rows."""
+        if not rel.key or not conjuncts:
+            return None
+        found: dict[str, tuple[str, exp.Expression]] = {}
+        types = rel.types
+        for c in conjuncts:
+            if not isinstance(c, exp.EQ):
+                continue
+            for col, other in ((c.this, c.expression), (c.expression, c.this)):
+                if not (isinstance(col, exp.Column) and col.name in rel.key and col.table in ("", alias)):
+                    continue
+                if col.table == "" and not self._only_here(col.name, alias):
+                    continue
+                if any(
+                    isinstance(x, exp.Column) and x.table in ("", alias) and self._names_here(x, alias)
+                    for x in other.find_all(exp.Column)
+                ):
+                    continue
+                try:
+                    code = self._expr(other, self._row_env())
+                except Unsupported:
+                    continue
+                if not T.same_key_kind(code.type, types[col.name]):
+                    continue  # compared after a cast: the filter alone decides
+                found.setdefault(col.name, (code.source, c))
+        if set(found) != set(rel.key):
+            return None
+        return [found[k][0] for k in rel.key], [found[k][1] for k in rel.key]
+
+    def _only_here(self, column: str, alias: str) -> bool:
+        return not any(column in s.columns for s in self.sources + self.outer)
+
+    def _names_here(self, col: exp.Column, alias: str) -> bool:
+        """Whether a column reference inside a key expression names the relation being looked up (not allowed)."""
+        if col.table == alias:
+            return True
+        return col.table == "" and not any(col.name in s.columns for s in self.sources + self.outer)
+
+    # ------------------------------------------------------------- columns
+    def _row_env(self) -> _RowEnv:
+        return _RowEnv(self)
+
+    def _column(self, node: exp.Column) -> Code:
+        table, name = node.table, node.name
+        for src in reversed(self.sources):
+            if (table and src.alias == table) or (not table and name in src.columns):
+                if name not in src.columns:
+                    raise Unsupported(f"unknown column {node.sql('duckdb')}")
+                if not table and sum(name in s.columns for s in self.sources) > 1:
+                    raise Unsupported(f"ambiguous column {name!r}")
+                return _read(src, name)
+        for src in reversed(self.outer):
+            if (table and src.alias == table) or (not table and name in src.columns):
+                self.used_outer.add(src.var)
+                return _read(src, name)
+        raise Unsupported(f"column {node.sql('duckdb')} is not in scope")
+
+    def _expr(self, node: exp.Expression, env: Any) -> Code:
+        return compile_expr(node, env)
+
+    # --------------------------------------------------------- subqueries
+    def _subquery(self, node: exp.Expression) -> Code:
+        """A scalar subquery, EXISTS or IN (subquery): hoisted when uncorrelated, inline when correlated."""
+        if isinstance(node, exp.Exists):
+            q = self._sub(node.this)
+            return Code(f"(len({self._call(q)}) > 0)", T.BOOLEAN, False)
+        if isinstance(node, exp.In) and node.args.get("query") is not None:
+            q = self._sub(node.args["query"])
+            if len(q.types) != 1:
+                raise Unsupported("IN (subquery) must select one column")
+            left = compile_expr(node.this, self._row_env())
+            if not T.same_key_kind(left.type, q.types[0]):
+                raise Unsupported("IN (subquery) compares values of different kinds")
+            return Code(f"_in_rows({left.source}, {self._call(q)})", T.BOOLEAN, False)
+        if isinstance(node, exp.Subquery):
+            q = self._sub(node.this)
+            if len(q.types) != 1:
+                raise Unsupported("a scalar subquery must select one column")
+            return Code(f"_scalar({self._call(q)})", q.types[0], True)
+        raise Unsupported(f"{type(node).__name__} runs in DuckDB")
+
+    def _sub(self, select: exp.Expression) -> Query:
+        q = plan_query(select, self.names, self.gen, self.outer + self.sources)
+        self._correlated(q)
+        self.subqueries.append(q)
+        self.describe += [f"  {line}" for line in q.describe]
+        return q
+
+    def _correlated(self, q: Query) -> None:
+        outer_vars = {s.var for s in self.outer}
+        self.used_outer |= set(q.outer) & outer_vars
+
+    def _call(self, q: Query) -> str:
+        if not q.outer:
+            var = self.gen.name("S")
+            self.hoisted.append(f"    {var} = {q.fn_name}(ctx)")
+            return var
+        return f"{q.fn_name}(ctx{''.join(', ' + v for v in q.outer)})"
+
+    # ------------------------------------------------------------ ungrouped
+    def _ungrouped(self, row_vars: list[str]) -> tuple[list[str], list[SqlType], list[str]]:
+        sel = self.select
+        env = _EnvRows(self, row_vars)
+        items = _select_items(sel, self.sources)
+        windows = _windows(sel)
+        tail: list[str] = []
+        if windows:
+            tail += self._window_code(windows, env, "E")
+        codes = [env.compile(e) for _, e in items]
+        self.projections = [c.source for c in codes]
+        names = [n for n, _ in items]
+        unpack = f"{', '.join(row_vars)}," if row_vars else "_"
+        tail.append(
+            f"    O = []\n    for _i, ({unpack}) in enumerate(E):"
+            if row_vars
+            else "    O = []\n    for _i, _ in enumerate(E):"
+        )
+        tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
+        tail += self._finish(sel, codes, names, env, "E")
+        return names, [c.type for c in codes], tail
+
+    # -------------------------------------------------------------- grouped
+    def _grouped(self, body: list[str], depth: int, row_vars: list[str]) -> tuple[list[str], list[SqlType], list[str]]:
+        sel = self.select
+        group = sel.args.get("group")
+        keys = list(group.expressions) if group is not None else []
+        if group is not None and (
+            group.args.get("rollup") or group.args.get("cube") or group.args.get("grouping_sets")
+        ):
+            raise Unsupported("ROLLUP, CUBE and GROUPING SETS run in DuckDB")
+        items = _select_items(sel, self.sources)
+        keys = [_resolve_position(k, items) for k in keys]
+        row_env = self._row_env()
+        key_codes = [compile_expr(k, row_env) for k in keys]
+        for k, c in zip(keys, key_codes, strict=True):
+            if c.type.name in ("DOUBLE", "REAL"):
+                raise Unsupported(f"GROUP BY {k.sql('duckdb')}: floating point keys run in DuckDB (NaN groups)")
+        aggs: list[exp.Expression] = []
+        for node in [*(e for _, e in items), *(_having_and_order(sel))]:
+            for agg in node.find_all(*AGGREGATES):
+                if not _inside_window(agg) and all(agg is not a for a in aggs):
+                    if any(agg.sql() == a.sql() for a in aggs):
+                        continue
+                    aggs.append(agg)
+        specs = [_aggregate(a, row_env) for a in aggs]
+        key_tuple = f"({''.join(c.source + ', ' for c in key_codes)})"
+        inits = f"[{', '.join(s.init for s in specs)}]"
+        body.append(_indent(depth, f"_k = {key_tuple}"))
+        body.append(_indent(depth, "_a = G.get(_k)"))
+        body.append(_indent(depth, f"if _a is None: _a = G[_k] = {inits}"))
+        for j, s in enumerate(specs):
+            body += [_indent(depth, line) for line in s.step.format(a=f"_a[{j}]").split("\n")]
+        self.describe.append(
+            "group by "
+            + (", ".join(k.sql("duckdb") for k in keys) or "()")
+            + ": "
+            + ", ".join(a.sql("duckdb") for a in aggs)
+        )
+        body.insert(0, "    G = {}")
+        env = _EnvGroups(self, keys, key_codes, aggs, specs)
+        tail = []
+        if not keys:
+            tail.append(f"    if not G: G[()] = {inits}")
+        tail.append(
+            "    E = [(_k, ["
+            + ", ".join(f"_fin{j}(_a[{j}])" for j in range(len(specs)))
+            + "]) for _k, _a in G.items()]"
+            if specs
+            else "    E = [(_k, []) for _k in G]"
+        )
+        for j, s in enumerate(specs):
+            self.hoisted.append(f"    _fin{j} = {s.final}")
+        having = sel.args.get("having")
+        if having is not None:
+            hc = env.compile(having.this)
+            tail.append(f"    E = [(_k, _a) for _k, _a in E if ({hc.source}) is True]")
+        windows = _windows(sel)
+        if windows:
+            tail += self._window_code(windows, env, "E")
+        codes = [env.compile(e) for _, e in items]
+        tail.append("    O = []\n    for _i, (_k, _a) in enumerate(E):")
+        tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
+        tail += self._finish(sel, codes, [n for n, _ in items], env, "E")
+        return [n for n, _ in items], [c.type for c in codes], tail
+
+    # ------------------------------------------------------- window funcs
+    def _window_code(self, windows: list[exp.Window], env: Any, rows: str) -> list[str]:
+        lines = [f"    W = [[None] * {len(windows)} for _ in {rows}]"]
+        env.windows = windows
+        for j, w in enumerate(windows):
+            fn = w.this
+            if not isinstance(fn, exp.RowNumber | exp.Rank | exp.DenseRank) and not (
+                isinstance(fn, exp.Anonymous) and fn.name.lower() in ("rank", "dense_rank", "row_number")
+            ):
+                raise Unsupported(f"window function {fn.sql('duckdb')} runs in DuckDB")
+            if w.args.get("spec") is not None:
+                raise Unsupported("window frames run in DuckDB")
+            kind = type(fn).__name__.lower() if not isinstance(fn, exp.Anonymous) else fn.name.lower().replace("_", "")
+            parts = [env.compile(p) for p in (w.args.get("partition_by") or [])]
+            order = w.args.get("order")
+            orders = list(order.expressions) if order is not None else []
+            ocodes = [(env.compile(o.this), bool(o.args.get("desc")), _nulls_first(o)) for o in orders]
+            if kind != "rownumber" and not ocodes:
+                raise Unsupported(f"{kind} without ORDER BY runs in DuckDB")
+            pkey = f"({''.join(p.source + ', ' for p in parts)})"
+            okey = "(" + "".join(f"_sort_key({c.source}, {d}, {n}), " for c, d, n in ocodes) + ")"
+            unpack = env.unpack()
+            lines.append(f"    _P = {{}}\n    for _i, {unpack} in enumerate({rows}):")
+            lines.append(f"        _P.setdefault({pkey}, []).append(({okey}, _i))")
+            lines.append(
+                f"    for _g in _P.values():\n        _g.sort(key=lambda _x: _x[0])\n        _number_{kind}(_g, W, {j})"
+            )
+        self.describe.append("window: " + ", ".join(w.sql("duckdb") for w in windows))
+        return lines
+
+    # -------------------------------------------------- DISTINCT, ORDER BY
+    def _finish(self, sel: exp.Select, codes: list[Code], names: list[str], env: Any, rows: str) -> list[str]:
+        tail: list[str] = []
+        if sel.args.get("distinct") is not None:
+            tail.append("    O = list(dict.fromkeys(O))")
+            self.describe.append("distinct")
+        order = sel.args.get("order")
+        if order is not None:
+            if sel.args.get("distinct") is not None:
+                raise Unsupported("DISTINCT with ORDER BY runs in DuckDB")
+            keys = []
+            for o in order.expressions:
+                target = o.this
+                pos = _position(target, names)
+                if pos is not None:
+                    src = f"_o[{pos}]"
+                else:
+                    c = env.compile(target)
+                    src = None
+                    keys.append((c, o))
+                    continue
+                keys.append((Code(src, codes[pos].type, False), o))
+            unpack = env.unpack()
+            key = (
+                "("
+                + "".join(f"_sort_key({c.source}, {bool(o.args.get('desc'))}, {_nulls_first(o)}), " for c, o in keys)
+                + ")"
+            )
+            tail.append(f"    _S = []\n    for _i, ({unpack}, _o) in enumerate(zip({rows}, O)):")
+            tail.append(f"        _S.append(({key}, _i, _o))")
+            tail.append("    _S.sort(key=lambda _x: (_x[0], _x[1]))\n    O = [_x[2] for _x in _S]")
+            self.describe.append("order by " + ", ".join(o.sql("duckdb") for o in order.expressions))
+        offset, limit = sel.args.get("offset"), sel.args.get("limit")
+        lo = _constant_int(offset.expression) if offset is not None else 0
+        hi = _constant_int(limit.expression) if limit is not None else None
+        if lo or hi is not None:
+            tail.append(f"    O = O[{lo}:{'' if hi is None else lo + hi}]")
+            self.describe.append(f"limit {hi} offset {lo}")
+        tail.append("    return O")
+        return tail
+
+
+# ------------------------------------------------------------------ envs
+class _RowEnv:
+    """Expressions over the current source rows (inside the loops)."""
+
+    def __init__(self, planner: _Planner) -> None:
+        self.planner = planner
+
+    def column(self, node: exp.Column) -> Code:
+        return self.planner._column(node)
+
+    def param(self, name: str) -> Code:
+        return _param(self.planner.names, name)
+
+    def other(self, node: exp.Expression) -> Code:
+        if isinstance(node, exp.Subquery | exp.Exists | exp.In):
+            return self.planner._subquery(node)
+        if isinstance(node, AGGREGATES):
+            raise Unsupported(f"aggregate {node.sql('duckdb')} outside a grouped SELECT list")
+        raise Unsupported(f"{node.sql('duckdb')} runs in DuckDB")
+
+
+class _EnvRows:
+    """Expressions over the environments of an ungrouped query (tuples of source rows), with window values."""
+
+    def __init__(self, planner: _Planner, row_vars: list[str]) -> None:
+        self.planner = planner
+        self.row_vars = row_vars
+        self.windows: list[exp.Window] = []
+
+    def unpack(self) -> str:
+        return f"({', '.join(self.row_vars)},)" if self.row_vars else "_"
+
+    def compile(self, node: exp.Expression) -> Code:
+        return compile_expr(node, self)
+
+    def column(self, node: exp.Column) -> Code:
+        return self.planner._column(node)
+
+    def param(self, name: str) -> Code:
+        return _param(self.planner.names, name)
+
+    def other(self, node: exp.Expression) -> Code:
+        if isinstance(node, exp.Window):
+            return _window_value(self.windows, node)
+        return _RowEnv(self.planner).other(node)
+
+
+class _EnvGroups:
+    """Expressions over groups: grouping keys (`_k`), aggregates (`_a`), window values (`W`)."""
+
+    def __init__(
+        self,
+        planner: _Planner,
+        keys: list[exp.Expression],
+        key_codes: list[Code],
+        aggs: list[exp.Expression],
+        specs: list,
+    ) -> None:
+        self.planner = planner
+        self.keys = {k.sql(): i for i, k in enumerate(keys)}
+        self.key_codes = key_codes
+        self.aggs = {a.sql(): j for j, a in enumerate(aggs)}
+        self.specs = specs
+        self.windows: list[exp.Window] = []
+
+    def unpack(self) -> str:
+        return "(_k, _a)"
+
+    def compile(self, node: exp.Expression) -> Code:
+        i = self.keys.get(node.sql())
+        if i is not None:
+            return Code(f"_k[{i}]", self.key_codes[i].type, False)
+        return compile_expr(node, self)
+
+    def column(self, node: exp.Column) -> Code:
+        i = self.keys.get(node.sql())
+        if i is None:
+            matches = [j for s, j in self.keys.items() if s.split(".")[-1] == node.name]
+            if len(matches) != 1:
+                raise Unsupported(f"column {node.sql('duckdb')} is neither grouped nor aggregated")
+            i = matches[0]
+        return Code(f"_k[{i}]", self.key_codes[i].type, False)
+
+    def param(self, name: str) -> Code:
+        return _param(self.planner.names, name)
+
+    def other(self, node: exp.Expression) -> Code:
+        i = self.keys.get(node.sql())
+        if i is not None:
+            return Code(f"_k[{i}]", self.key_codes[i].type, False)
+        j = self.aggs.get(node.sql())
+        if j is not None:
+            return Code(f"_a[{j}]", self.specs[j].type, False)
+        if isinstance(node, exp.Window):
+            return _window_value(self.windows, node)
+        if isinstance(node, exp.Subquery | exp.Exists | exp.In):
+            raise Unsupported("a subquery after GROUP BY runs in DuckDB")
+        raise Unsupported(f"{node.sql('duckdb')} after GROUP BY runs in DuckDB")
+
+
+def _param(names: Names, name: str) -> Code:
+    t = names.params.get(name)
+    if t is None:
+        raise Unsupported(f"unknown parameter ${name}")
+    return Code(f"P[{name!r}]", t, False)
+
+
+def _read(src: Source, name: str) -> Code:
+    if src.nullable:
+        return Code(f"(None if {src.var} is None else {src.var}[{name!r}])", src.columns[name], False)
+    return Code(f"{src.var}[{name!r}]", src.columns[name], False)
+
+
+def _window_value(windows: list[exp.Window], node: exp.Window) -> Code:
+    for j, w in enumerate(windows):
+        if w is node or w.sql() == node.sql():
+            return Code(f"W[_i][{j}]", T.BIGINT, False)
+    raise Unsupported(f"window {node.sql('duckdb')}")
+
+
+# ------------------------------------------------------------- aggregates
+@dataclass(frozen=True)
+class _AggSpec:
+    init: str
+    step: str  # a statement with `{a}` for the accumulator slot
+    final: str  # a function of the accumulator
+    type: SqlType
+
+
+def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
+    distinct = isinstance(node.this, exp.Distinct)
+    arg = node.this.expressions[0] if distinct else node.this
+    if isinstance(node, exp.Count):
+        if isinstance(arg, exp.Star):
+            return _AggSpec("0", "{a} += 1", "_same", T.BIGINT)
+        c = compile_expr(arg, env)
+        if distinct:
+            return _AggSpec("set()", f"_v = {c.source}\nif _v is not None: {{a}}.add(_v)", "len", T.BIGINT)
+        return _AggSpec("0", f"if ({c.source}) is not None: {{a}} += 1", "_same", T.BIGINT)
+    if distinct:
+        raise Unsupported(f"{node.sql('duckdb')}: DISTINCT aggregates other than count run in DuckDB")
+    c = compile_expr(arg, env)
+    if isinstance(node, exp.Sum):
+        if not T.is_integer(c.type):
+            raise Unsupported(f"{node.sql('duckdb')}: a sum of {c.type.name} may round differently; it runs in DuckDB")
+        return _AggSpec(
+            "None",
+            f"_v = {c.source}\nif _v is not None: {{a}} = _v if {{a}} is None else {{a}} + _v",
+            "_hugeint",
+            T.sum_type(c.type),
+        )
+    if not (T.is_integer(c.type) or c.type.name in ("VARCHAR", "BOOLEAN")):
+        raise Unsupported(f"{node.sql('duckdb')} over {c.type.name} runs in DuckDB")
+    pick = "<" if isinstance(node, exp.Min) else ">"
+    return _AggSpec(
+        "None",
+        f"_v = {c.source}\nif _v is not None and ({{a}} is None or _v {pick} {{a}}): {{a}} = _v",
+        "_same",
+        c.type,
+    )
+
+
+# --------------------------------------------------------------- helpers
+def _plan_values(values: exp.Values, names: Names, gen: _Gen) -> Query:
+    rows = values.expressions
+    env = _ConstEnv(names)
+    codes = [[compile_expr(v, env) for v in row.expressions] for row in rows]
+    width = len(codes[0])
+    if any(len(r) != width for r in codes):
+        raise Unsupported("VALUES rows of different widths")
+    types = []
+    for i in range(width):
+        t = codes[0][i].type
+        for r in codes[1:]:
+            t = T.common_type(t, r[i].type)
+        types.append(t)
+    fn = gen.name("q")
+    casted = [
+        "(" + "".join(f"{T.cast_source(c.source, c.type, t)}, " for c, t in zip(r, types, strict=True)) + ")"
+        for r in codes
+    ]
+    source = f"def {fn}(ctx):\n    P = ctx.params\n    return [{', '.join(casted)}]"
+    alias = values.args.get("alias")
+    cols = [c.name for c in alias.columns] if alias is not None and alias.columns else [f"col{i}" for i in range(width)]
+    return Query(cols, types, source, fn, [], [f"VALUES: {len(rows)} row(s)"])
+
+
+class _ConstEnv:
+    def __init__(self, names: Names) -> None:
+        self.names = names
+
+    def column(self, node: exp.Column) -> Code:
+        raise Unsupported(f"column {node.sql('duckdb')} in VALUES")
+
+    def param(self, name: str) -> Code:
+        return _param(self.names, name)
+
+    def other(self, node: exp.Expression) -> Code:
+        raise Unsupported(f"{node.sql('duckdb')} in VALUES runs in DuckDB")
+
+
+def _select_items(sel: exp.Select, sources: list[Source]) -> list[tuple[str, exp.Expression]]:
+    items: list[tuple[str, exp.Expression]] = []
+    for e in sel.expressions:
+        if isinstance(e, exp.Star):
+            for src in sources:
+                items += [(c, exp.column(c, table=src.alias)) for c in src.columns]
+            continue
+        if isinstance(e, exp.Column) and isinstance(e.this, exp.Star):
+            src = next((s for s in sources if s.alias == e.table), None)
+            if src is None:
+                raise Unsupported(f"{e.sql('duckdb')}: unknown relation")
+            items += [(c, exp.column(c, table=src.alias)) for c in src.columns]
+            continue
+        if e.args.get("exclude") or e.args.get("replace"):
+            raise Unsupported("* EXCLUDE / REPLACE runs in DuckDB")
+        name = e.alias_or_name
+        items.append((name, e.this if isinstance(e, exp.Alias) else e))
+    return items
+
+
+def _windows(sel: exp.Select) -> list[exp.Window]:
+    found: list[exp.Window] = []
+    for e in sel.expressions:
+        for w in e.find_all(exp.Window):
+            if not any(w.sql() == f.sql() for f in found):
+                found.append(w)
+    order = sel.args.get("order")
+    if order is not None and any(o.find(exp.Window) for o in order.expressions):
+        raise Unsupported("a window function in ORDER BY runs in DuckDB")
+    return found
+
+
+def _having_and_order(sel: exp.Select) -> list[exp.Expression]:
+    out: list[exp.Expression] = []
+    having = sel.args.get("having")
+    if having is not None:
+        out.append(having.this)
+    order = sel.args.get("order")
+    if order is not None:
+        out += [o.this for o in order.expressions]
+    return out
+
+
+def _inside_window(node: exp.Expression | None) -> bool:
+    while node is not None:
+        if isinstance(node, exp.Window):
+            return True
+        node = node.parent
+    return False
+
+
+def _conjuncts(node: exp.Expression) -> list[exp.Expression]:
+    if isinstance(node, exp.Paren):
+        return _conjuncts(node.this)
+    if isinstance(node, exp.And):
+        return _conjuncts(node.this) + _conjuncts(node.expression)
+    return [node]
+
+
+def _position(node: exp.Expression, names: list[str]) -> int | None:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        i = int(node.this) - 1
+        if not 0 <= i < len(names):
+            raise Unsupported(f"ORDER BY {node.this}: no such column")
+        return i
+    if isinstance(node, exp.Column) and not node.table and node.name in names and names.count(node.name) == 1:
+        return names.index(node.name)
+    return None
+
+
+def _resolve_position(node: exp.Expression, items: list[tuple[str, exp.Expression]]) -> exp.Expression:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        i = int(node.this) - 1
+        if not 0 <= i < len(items):
+            raise Unsupported(f"GROUP BY {node.this}: no such column")
+        return items[i][1]
+    return node
+
+
+def _nulls_first(o: exp.Ordered) -> bool:
+    return bool(o.args.get("nulls_first"))
+
+
+def _constant_int(node: exp.Expression) -> int:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        return int(node.this)
+    raise Unsupported(f"LIMIT/OFFSET {node.sql('duckdb')}: only a constant runs compiled")
+
+
+def _indent(depth: int, line: str) -> str:
+    return "    " * depth + line

@@ -1,0 +1,122 @@
+"""What generated query code calls besides scalar helpers: subquery results, ordering, numbering, aggregates.
+
+Each follows DuckDB: a scalar subquery of several rows is an error; NULLs
+sort last in both directions unless NULLS FIRST; `x IN (subquery)` is NULL
+when x is NULL or when x is not found but the subquery held a NULL; a sum of
+integers is a HUGEINT, an error past 128 bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from streamtx.server.sqlc import runtime
+from streamtx.server.sqlc.ctx import one, opt
+from streamtx.server.sqlc.expr import SqlError
+
+HUGEINT_MAX = 2**127 - 1
+
+
+def scalar(rows: list[tuple[Any, ...]]) -> Any:
+    if not rows:
+        return None
+    if len(rows) > 1:
+        raise SqlError(
+            "Invalid Input Error: More than one row returned by a subquery used as an expression - scalar "
+            "subqueries can only return a single row."
+        )
+    return rows[0][0]
+
+
+def in_rows(value: Any, rows: list[tuple[Any, ...]]) -> bool | None:
+    if not rows:
+        return False
+    if value is None:
+        return None
+    seen_null = False
+    for (v,) in rows:
+        if v is None:
+            seen_null = True
+        elif v == value:
+            return True
+    return None if seen_null else False
+
+
+def dicts(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [dict(zip(names, r, strict=True)) for r in rows]
+
+
+class _Desc:
+    """Reverses the order of any comparable value (strings included) for descending sort keys."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: Any) -> None:
+        self.v = v
+
+    def __lt__(self, other: _Desc) -> bool:
+        return other.v < self.v
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Desc) and self.v == other.v
+
+    def __hash__(self) -> int:
+        return hash(self.v)
+
+
+def sort_key(value: Any, desc: bool, nulls_first: bool) -> tuple[int, Any]:
+    if value is None:
+        return (0, 0) if nulls_first else (2, 0)
+    return (1, _Desc(value) if desc else value)
+
+
+def number_rownumber(group: list[tuple[Any, int]], windows: list[list[Any]], j: int) -> None:
+    for n, (_, i) in enumerate(group, 1):
+        windows[i][j] = n
+
+
+def number_rank(group: list[tuple[Any, int]], windows: list[list[Any]], j: int) -> None:
+    rank, last = 0, object()
+    for n, (key, i) in enumerate(group, 1):
+        if key != last:
+            rank, last = n, key
+        windows[i][j] = rank
+
+
+def number_denserank(group: list[tuple[Any, int]], windows: list[list[Any]], j: int) -> None:
+    rank, last = 0, object()
+    for key, i in group:
+        if key != last:
+            rank, last = rank + 1, key
+        windows[i][j] = rank
+
+
+def same(value: Any) -> Any:
+    return value
+
+
+def hugeint(total: Any) -> Any:
+    if total is not None and not -HUGEINT_MAX - 1 <= total <= HUGEINT_MAX:
+        raise SqlError("Out of Range Error: Overflow in HUGEINT addition")
+    return total
+
+
+def namespace() -> dict[str, Any]:
+    """Globals for generated code: the scalar runtime and these helpers, under the names the generator writes."""
+    ns = dict(vars(runtime))
+    ns.update(
+        {
+            "_scalar": scalar,
+            "_in_rows": in_rows,
+            "_dicts": dicts,
+            "_sort_key": sort_key,
+            "_number_rownumber": number_rownumber,
+            "_number_rank": number_rank,
+            "_number_denserank": number_denserank,
+            "_same": same,
+            "_hugeint": hugeint,
+            "_one": one,
+            "_opt": opt,
+        }
+    )
+    return ns
