@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import math
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -159,29 +160,95 @@ def _textual(kind: pa.DataType) -> bool:
 
 def _from_text(values: list[Any], field: pa.Field, what: str) -> list[Any]:
     at = [r for r, v in enumerate(values) if isinstance(v, str)]
-    try:
-        converted = pa.array([values[r] for r in at], pa.string()).cast(field.type, safe=True).to_pylist()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-        for r in at:
-            try:
-                pa.array([values[r]], pa.string()).cast(field.type, safe=True)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                raise InvalidArgument(
-                    f"{what}: column {field.name!r} row {r}: text {values[r]!r} is not a {sql_name(field.type)}"
-                    f"{_TEXT_FORMS.get(sql_name(field.type).split('(')[0], '')}"
-                ) from None
-        raise
+    parsed = _parse_text(pa.array([values[r] for r in at], pa.string()), field, what, at)
     out = list(values)
-    for r, v in zip(at, converted, strict=True):
+    for r, v in zip(at, parsed.cast(_plain(field.type)).to_pylist(), strict=True):
         out[r] = v
     return out
+
+
+def _parse_text(texts: pa.Array, field: pa.Field, what: str, rows: list[int] | range) -> pa.Array:
+    """Strings read as `field.type` (the i-th is row `rows[i]`): the one reading of text, Rows or Arrow.
+
+    Arrow parses numbers and ISO-8601 times, but wraps a decimal of 39 digits
+    or more around 128 bits and reads no TIME: those are parsed here, exactly.
+    """
+    kind = field.type
+    if pa.types.is_decimal(kind) or pa.types.is_time(kind):
+        parse = _text_decimal if pa.types.is_decimal(kind) else _text_time
+        values = []
+        for r, text in zip(rows, texts.to_pylist(), strict=True):
+            value = None if text is None else parse(text, kind)
+            if value is None and text is not None:
+                raise InvalidArgument(_not_text(field, r, text, what))
+            values.append(value)
+        return pa.array(values, _plain(kind)).cast(kind)
+    try:
+        return texts.cast(kind, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        for r, text in zip(rows, texts.to_pylist(), strict=True):
+            try:
+                pa.array([text], pa.string()).cast(kind, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise InvalidArgument(_not_text(field, r, text, what)) from None
+        raise
+
+
+def _not_text(field: pa.Field, row: int, text: str, what: str) -> str:
+    name = sql_name(field.type)
+    form = _TEXT_FORMS.get(name.split("(")[0], "")
+    if pa.types.is_decimal(field.type):
+        form = f" (a decimal number of at most {field.type.scale} places and {field.type.precision} digits)"
+    return f"{what}: column {field.name!r} row {row}: text {text!r} is not a {name}{form}"
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+_TIME = re.compile(r"(\d\d):(\d\d)(?::(\d\d)(?:\.(\d{1,9}))?)?", re.ASCII)
+_EXACT = decimal.Context(prec=80, traps=[decimal.InvalidOperation])
+
+
+def _text_decimal(text: str, kind: pa.Decimal128Type) -> decimal.Decimal | None:
+    """The decimal `text` spells, if `kind` holds it exactly (at most `scale` places, `precision` digits)."""
+    if not _NUMBER.fullmatch(text):
+        return None
+    value = decimal.Decimal(text)
+    if value and value.adjusted() >= kind.precision - kind.scale:
+        return None
+    exact = value.quantize(decimal.Decimal(1).scaleb(-kind.scale), context=_EXACT)
+    return exact if exact == value else None
+
+
+def _text_time(text: str, kind: pa.Time64Type) -> int | None:
+    """The time of day `text` spells (ISO-8601, 00:00:00 to 24:00:00), in `kind`'s unit, if exact."""
+    match = _TIME.fullmatch(text)
+    if not match:
+        return None
+    hours, minutes, seconds = int(match[1]), int(match[2]), int(match[3] or 0)
+    nanos = int((match[4] or "").ljust(9, "0"))
+    per = 1 if kind.unit == "ns" else 1000
+    if minutes > 59 or seconds > 59 or nanos % per:
+        return None
+    value = ((hours * 60 + minutes) * 60 + seconds) * 1_000_000_000 + nanos
+    return value // per if value <= DAY_NS else None
+
+
+DAY_NS = 86_400 * 1_000_000_000
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    """The type whose Python values hold `kind`'s exactly, beyond Python's datetimes: times as their numbers."""
+    if pa.types.is_timestamp(kind) or pa.types.is_time64(kind) or pa.types.is_duration(kind):
+        return pa.int64()
+    if pa.types.is_date32(kind):
+        return pa.int32()
+    return kind
 
 
 _TEXT_FORMS = {
     "TIMESTAMP": " (ISO-8601, e.g. '2024-01-02 03:04:05.123456')",
     "TIMESTAMP WITH TIME ZONE": " (ISO-8601 with an offset, e.g. '2024-01-02T03:04:05+00:00')",
     "DATE": " (ISO-8601, e.g. '2024-01-02')",
-    "DECIMAL": " (a decimal number with no more places than the scale)",
+    "TIME": " (ISO-8601, e.g. '03:04:05.123456', up to '24:00:00')",
 }
 
 
@@ -283,6 +350,9 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
         col = table.column(field.name)
         if col.type == field.type:
             arrays.append(col)
+            continue
+        if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and not _textual(field.type):
+            arrays.append(_parse_text(col.combine_chunks().cast(pa.string()), field, what, range(len(col))))
             continue
         try:
             if pa.types.is_integer(col.type) and pa.types.is_decimal(field.type):
