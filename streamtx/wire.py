@@ -11,6 +11,7 @@ import datetime
 import decimal
 import math
 import re
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -130,40 +131,91 @@ def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:
     return pa.table([arrays[name] for name in schema.names], schema=schema)
 
 
-def _to_array(values: list[Any], field: pa.Field, what: str) -> pa.Array:
+def _to_array(values: list[Any], field: pa.Field, what: str, rows: list[int] | None = None) -> pa.Array:
     """The column's values as `field.type`, each exactly: a value that would be rounded is refused.
 
     A string in a column of another type is read as the Arrow path reads a
     string column (`conform`): "12" for a BIGINT, ISO-8601 for a TIMESTAMP or
     DATE, "1.50" for a DECIMAL(10,2); one that does not convert exactly is refused.
+    A list is read element by element, by the same rules. `rows` numbers the
+    values in messages (an element: the row its list is in).
     """
+    kind = field.type
+    rows = rows or list(range(len(values)))
+    if _is_list(kind):
+        return _list_array(values, field, what, rows)
+    for r, v in zip(rows, values, strict=True):
+        if isinstance(v, bool) and not pa.types.is_boolean(kind):
+            raise InvalidArgument(f"{what}: column {field.name!r} row {r}: value {v!r} is not a {sql_name(kind)}")
     if any(isinstance(v, float) for v in values):
-        values = [_exact_float(v, field, r, what) if isinstance(v, float) else v for r, v in enumerate(values)]
-    if not _textual(field.type) and any(isinstance(v, str) for v in values):
-        values = _from_text(values, field, what)
+        pairs = zip(rows, values, strict=True)
+        values = [_exact_float(v, field, r, what) if isinstance(v, float) else v for r, v in pairs]
+    if not _textual(kind) and any(isinstance(v, str) for v in values):
+        values = _from_text(values, field, what, rows)
     try:
-        return pa.array(values, type=field.type)
+        array = pa.array(values, type=kind)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
-        for r, v in enumerate(values):
+        for r, v in zip(rows, values, strict=True):
             try:
-                pa.array([v], type=field.type)
+                pa.array([v], type=kind)
             except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError, TypeError, ValueError):
                 raise InvalidArgument(
-                    f"{what}: column {field.name!r} row {r}: value {v!r} is not a {sql_name(field.type)}"
+                    f"{what}: column {field.name!r} row {r}: value {v!r} is not a {sql_name(kind)}"
                 ) from None
         raise
+    _check_times(array, field.name, what, rows)
+    return array
+
+
+def _is_list(kind: pa.DataType) -> bool:
+    return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+
+
+def _list_array(values: list[Any], field: pa.Field, what: str, rows: list[int]) -> pa.Array:
+    kind = field.type
+    size = kind.list_size if pa.types.is_fixed_size_list(kind) else None
+    offsets, items, parents, missing = [0], [], [], []
+    for r, v in zip(rows, values, strict=True):
+        if v is not None and (not isinstance(v, list) or size is not None and len(v) != size):
+            raise InvalidArgument(f"{what}: column {field.name!r} row {r}: value {v!r} is not a {sql_name(kind)}")
+        missing.append(v is None)
+        items += v or ([None] * size if size else [])
+        parents += [r] * (size if v is None and size else len(v or []))
+        offsets.append(len(items))
+    inner = _to_array(items, pa.field(field.name, kind.value_type), what, parents)
+    mask = pa.array(missing, pa.bool_())
+    if size is not None:
+        return pa.FixedSizeListArray.from_arrays(inner, size, mask=mask)
+    cls, width = (pa.LargeListArray, pa.int64()) if pa.types.is_large_list(kind) else (pa.ListArray, pa.int32())
+    return cls.from_arrays(pa.array(offsets, width), inner, type=kind, mask=mask)
+
+
+def _check_times(array: pa.Array, column: str, what: str, rows: list[int] | range) -> None:
+    """A TIME is a time of day, 00:00:00 to 24:00:00: Arrow's time type holds any number."""
+    if not pa.types.is_time64(array.type):
+        return
+    day = DAY_NS if array.type.unit == "ns" else DAY_NS // 1000
+    numbers = array.cast(pa.int64())
+    bad = pc.or_(pc.less(numbers, 0), pc.greater(numbers, day))
+    if not pc.any(bad).as_py():
+        return
+    i = pc.index(bad, True).as_py()
+    raise InvalidArgument(
+        f"{what}: column {column!r} row {rows[i]}: {numbers[i].as_py()} {array.type.unit} since midnight "
+        "is not a TIME (00:00:00 to 24:00:00)"
+    )
 
 
 def _textual(kind: pa.DataType) -> bool:
     return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
 
 
-def _from_text(values: list[Any], field: pa.Field, what: str) -> list[Any]:
-    at = [r for r, v in enumerate(values) if isinstance(v, str)]
-    parsed = _parse_text(pa.array([values[r] for r in at], pa.string()), field, what, at)
+def _from_text(values: list[Any], field: pa.Field, what: str, rows: list[int]) -> list[Any]:
+    at = [i for i, v in enumerate(values) if isinstance(v, str)]
+    parsed = _parse_text(pa.array([values[i] for i in at], pa.string()), field, what, [rows[i] for i in at])
     out = list(values)
-    for r, v in zip(at, parsed.cast(_plain(field.type)).to_pylist(), strict=True):
-        out[r] = v
+    for i, v in zip(at, parsed.cast(_plain(field.type)).to_pylist(), strict=True):
+        out[i] = v
     return out
 
 
@@ -314,14 +366,11 @@ def _exact_float(v: float, field: pa.Field, row: int, what: str) -> Any:
                 f"decimal places, so it cannot be stored as {sql_name(kind)} without rounding"
             )
         return exact
-    if pa.types.is_float32(kind) and math.isfinite(v) and abs(v) > FLOAT32_MAX:
+    if pa.types.is_float32(kind) and math.isfinite(v) and math.isinf(struct.unpack("f", struct.pack("f", v))[0]):
         raise InvalidArgument(
             f"{what}: column {field.name!r} row {row}: value {v!r} is out of range for {sql_name(kind)}"
         )
     return v
-
-
-FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _check_columns(names: Iterable[str], schema: pa.Schema, what: str) -> None:
