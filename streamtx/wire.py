@@ -207,7 +207,7 @@ def _check_times(array: pa.Array, column: str, what: str, rows: list[int] | rang
 
 
 def _textual(kind: pa.DataType) -> bool:
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind)
+    return _is_text(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
 
 
 def _from_text(values: list[Any], field: pa.Field, what: str, rows: list[int]) -> list[Any]:
@@ -309,9 +309,13 @@ def sql_name(kind: pa.DataType) -> str:
     if pa.types.is_decimal(kind):
         return f"DECIMAL({kind.precision},{kind.scale})"
     if pa.types.is_timestamp(kind):
-        return "TIMESTAMP WITH TIME ZONE" if kind.tz else "TIMESTAMP"
+        if kind.tz:
+            return "TIMESTAMP WITH TIME ZONE"
+        return "TIMESTAMP" if kind.unit == "us" else f"TIMESTAMP_{kind.unit.upper()}"
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
         return f"{sql_name(kind.value_type)}[]"
+    if pa.types.is_fixed_size_list(kind):
+        return f"{sql_name(kind.value_type)}[{kind.list_size}]"
     return _SQL_NAMES.get(str(kind), str(kind))
 
 
@@ -390,62 +394,150 @@ def _check_columns(names: Iterable[str], schema: pa.Schema, what: str) -> None:
 def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
     """`table` cast to `schema` (columns matched by name, any order).
 
-    Safe casts only: a value that does not fit its column type is InvalidArgument
-    naming the column and the first offending row.
+    Each value is read as the Rows path reads it (docs/protocol.md, "Rows"):
+    a value that does not fit its column type, or would change to fit it, is
+    InvalidArgument naming the column and the first offending row.
     """
     _check_columns(table.column_names, schema, what)
-    arrays = []
-    for field in schema:
-        col = table.column(field.name)
-        if col.type == field.type:
-            arrays.append(col)
-            continue
-        if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) and not _textual(field.type):
-            arrays.append(_parse_text(col.combine_chunks().cast(pa.string()), field, what, range(len(col))))
-            continue
-        try:
-            if pa.types.is_integer(col.type) and pa.types.is_decimal(field.type):
-                # Arrow refuses int64 -> DECIMAL(10,2) outright (19 digits needed); through 38 digits
-                # each value is checked against the column's precision instead
-                col = col.cast(pa.decimal128(38, field.type.scale))
-            cast = col.cast(field.type, safe=True)
-            _check_exact(col, cast, field, what)
-            arrays.append(cast)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            values = col.to_pylist()
-            for r, v in enumerate(values):
-                try:
-                    pa.array([v], type=col.type).cast(field.type, safe=True)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                    raise InvalidArgument(
-                        f"{what}: column {field.name!r} row {r}: value {v!r} of type "
-                        f"{sql_name(col.type)} cannot be stored as {sql_name(field.type)}"
-                    ) from None
-            raise InvalidArgument(
-                f"{what}: column {field.name!r} of type {sql_name(col.type)} cannot be stored as {sql_name(field.type)}"
-            ) from None
-    return pa.table(arrays, schema=schema)
+    return pa.table([_conform_column(table.column(field.name), field, what) for field in schema], schema=schema)
 
 
-def _check_exact(col: pa.ChunkedArray, cast: pa.ChunkedArray, field: pa.Field, what: str) -> None:
-    """Arrow's safe casts still round a float into a decimal (1.5 -> 2 at scale 0) or overflow it into a
-    narrower float (1e300 -> inf): such a value is refused, naming it, like a value that does not fit."""
-    if not pa.types.is_floating(col.type):
+def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.ChunkedArray | pa.Array:
+    kind, src = field.type, col.type
+    if src == kind:
+        _check_leaf_times(col, field.name, what)
+        return col
+    if not _readable(src, kind):
+        valid = pc.index(pc.is_valid(col), True).as_py()
+        if valid < 0:
+            return pa.nulls(len(col), kind)
+        raise InvalidArgument(
+            f"{what}: column {field.name!r} row {valid}: value {_show(col, valid)} of type {sql_name(src)} "
+            f"cannot be stored as {sql_name(kind)}"
+        )
+    if _is_text(src) and not _textual(kind):
+        return _parse_text(col.combine_chunks().cast(pa.string()), field, what, range(len(col)))
+    leaf, into = _leaf(src), _leaf(kind)
+    if _is_text(leaf) and not _textual(into) or pa.types.is_floating(leaf) and not _arrow_exact(into):
+        return _to_array(col.to_pylist(), field, what)  # text and doubles read by the one set of rules: Rows'
+    try:
+        cast = _cast(col, kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        for r in range(len(col)):
+            try:
+                _cast(col.slice(r, 1), kind)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise InvalidArgument(
+                    f"{what}: column {field.name!r} row {r}: value {_show(col, r)} of type "
+                    f"{sql_name(src)} cannot be stored as {sql_name(kind)}"
+                ) from None
+        raise InvalidArgument(
+            f"{what}: column {field.name!r} of type {sql_name(src)} cannot be stored as {sql_name(kind)}"
+        ) from None
+    _check_exact(col, cast, field.name, what)
+    _check_leaf_times(cast, field.name, what)
+    return cast
+
+
+def _cast(col: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    if pa.types.is_integer(col.type) and pa.types.is_decimal(kind):
+        # Arrow refuses int64 -> DECIMAL(10,2) outright (19 digits needed); through 38 digits
+        # each value is checked against the column's precision instead
+        col = col.cast(pa.decimal128(38, kind.scale))
+    elif pa.types.is_decimal(col.type) and pa.types.is_integer(kind):
+        col = col.cast(pa.decimal128(38, 0))  # Arrow wants 20 digits for an int64: a whole number is enough
+    return col.cast(kind, safe=True)
+
+
+def _readable(src: pa.DataType, kind: pa.DataType) -> bool:
+    """Whether the contract reads an Arrow `src` value as a `kind` at all (docs/protocol.md, "Rows").
+
+    Arrow casts more: a number to a BOOLEAN (2 -> true) or to text ("12"),
+    a bool to a number, a zoned time to a local one. Rows refuses those; so does Arrow.
+    """
+    if pa.types.is_null(src) or _is_text(src):
+        return not _is_list(kind) or pa.types.is_null(src)
+    if _is_list(src) or _is_list(kind):
+        return _is_list(src) and _is_list(kind) and _readable(src.value_type, kind.value_type)
+    if _textual(kind) or pa.types.is_boolean(kind) or pa.types.is_boolean(src):
+        return _textual(src) if _textual(kind) else pa.types.is_boolean(src) and pa.types.is_boolean(kind)
+    number = pa.types.is_integer(src) or pa.types.is_floating(src)
+    if pa.types.is_timestamp(kind):
+        if pa.types.is_timestamp(src):
+            return (src.tz is None) == (kind.tz is None)
+        return number or pa.types.is_date(src)
+    if pa.types.is_date(kind):
+        return number or pa.types.is_date(src) or pa.types.is_timestamp(src) and src.tz is None
+    if pa.types.is_time(kind):
+        return number or pa.types.is_time(src)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_decimal(kind):
+        return number or pa.types.is_decimal(src)
+    return not (number or pa.types.is_decimal(src) or _textual(src) or pa.types.is_temporal(src))
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _leaf(kind: pa.DataType) -> pa.DataType:
+    while _is_list(kind):
+        kind = kind.value_type
+    return kind
+
+
+def _arrow_exact(kind: pa.DataType) -> bool:
+    """Whether Arrow's safe cast of a double to `kind` is exact or refused (not for a decimal: 0.1 into
+    DECIMAL(18,6) fails its own check; not for times: Arrow has no such cast)."""
+    return pa.types.is_floating(kind) or pa.types.is_integer(kind)
+
+
+def _leaves(col: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """The innermost values of a (list) column, and the row each is in (None: the values are the rows)."""
+    values = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    rows = None
+    while _is_list(values.type):
+        parents = pc.list_parent_indices(values)
+        rows = parents if rows is None else pc.take(rows, parents)
+        values = pc.list_flatten(values)
+    return values, rows
+
+
+def _check_exact(col: pa.ChunkedArray, cast: pa.ChunkedArray, column: str, what: str) -> None:
+    """Arrow's safe casts still change some values: a float overflowing a narrower float (1e300 -> inf), a
+    timestamp's time of day dropped for a DATE. Such a value is refused, naming it, like one that does not fit."""
+    orig, rows = _leaves(col)
+    new, _ = _leaves(cast)
+    if pa.types.is_null(orig.type) or pa.types.is_floating(new.type) and not pa.types.is_floating(orig.type):
+        return  # an integer within 2**53 (Arrow checks) or a decimal, read as its nearest double like its text
+    try:
+        if pa.types.is_floating(orig.type):
+            same = pc.invert(pc.and_(pc.is_inf(new), pc.invert(pc.is_inf(orig))))
+        else:
+            same = pc.equal(new.cast(orig.type), orig)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return  # no comparison for the type (STRUCT, MAP): Arrow's safe cast is all there is
+    same = pc.fill_null(same, True)
+    if pc.all(same).as_py():
         return
-    if pa.types.is_decimal(field.type):
-        back = cast.cast(col.type)
-    elif pa.types.is_floating(field.type) and field.type.bit_width < col.type.bit_width:
-        back = pc.if_else(pc.is_inf(cast), cast.cast(col.type), col)
-    else:
-        return
-    same = pc.or_kleene(pc.equal(back, col), pc.is_nan(col))
-    if pc.all(pc.fill_null(same, True)).as_py():
-        return
-    r = pc.index(same, False).as_py()
+    i = pc.index(same, False).as_py()
+    r = i if rows is None else rows[i].as_py()
+    fault = "is out of range for" if pa.types.is_floating(orig.type) else "cannot be stored exactly as"
     raise InvalidArgument(
-        f"{what}: column {field.name!r} row {r}: value {col[r].as_py()!r} of type {sql_name(col.type)} "
-        f"cannot be stored as {sql_name(field.type)} without rounding"
+        f"{what}: column {column!r} row {r}: value {_show(col, r)} of type {sql_name(col.type)} {fault} "
+        f"{sql_name(cast.type)}"
     )
+
+
+def _check_leaf_times(col: pa.ChunkedArray | pa.Array, column: str, what: str) -> None:
+    values, rows = _leaves(col)
+    _check_times(values, column, what, range(len(values)) if rows is None else rows.to_pylist())
+
+
+def _show(col: pa.ChunkedArray | pa.Array, row: int) -> str:
+    try:
+        return repr(col[row].as_py())
+    except (ValueError, OverflowError):  # a time beyond Python's datetimes
+        return str(col[row])
 
 
 def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
