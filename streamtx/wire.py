@@ -84,27 +84,61 @@ def table_to_rows(table: pa.Table) -> pb.Rows:
 
     Each value in the form `rows_to_table` reads back into the same column
     type: integers (and whole DECIMALs of scale 0, e.g. a SUM over BIGINT)
-    as int_value when they fit 64 bits; other DECIMALs, TIMESTAMPs, DATEs
-    and TIMEs as text (exact, ISO-8601).
+    as int_value when they fit 64 bits, as text beyond; other DECIMALs as
+    text; TIMESTAMPs, DATEs and TIMEs as ISO-8601 text, or beyond Python's
+    years 1 to 9999 as their number (days, or units since 1970-01-01).
     """
-    columns = table.column_names
-    pycols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    rows = [pb.Row(values=[_row_value(col[r]) for col in pycols]) for r in range(table.num_rows)]
-    return pb.Rows(columns=columns, rows=rows)
+    columns = [[_row_value(v, col.type) for v in col.cast(_plain(col.type)).to_pylist()] for col in table.columns]
+    rows = [pb.Row(values=[col[r] for col in columns]) for r in range(table.num_rows)]
+    return pb.Rows(columns=table.column_names, rows=rows)
 
 
-def _row_value(obj: Any) -> pb.Value:
+def _row_value(obj: Any, kind: pa.DataType) -> pb.Value:
+    if obj is None:
+        return pb.Value()
+    if _is_list(kind):
+        return pb.Value(list_value=pb.ValueList(values=[_row_value(v, kind.value_type) for v in obj]))
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind) or pa.types.is_time(kind):
+        text = _temporal_text(obj, kind)
+        return pb.Value(int_value=obj) if text is None else pb.Value(string_value=text)
     if isinstance(obj, decimal.Decimal):
         if int(obj.as_tuple().exponent) >= 0 and -(2**63) <= obj < 2**63:
             return pb.Value(int_value=int(obj))
-        return pb.Value(string_value=str(obj))
-    if isinstance(obj, datetime.datetime):
-        return pb.Value(string_value=obj.isoformat(sep=" "))
-    if isinstance(obj, datetime.date | datetime.time):
-        return pb.Value(string_value=obj.isoformat())
-    if isinstance(obj, list):
-        return pb.Value(list_value=pb.ValueList(values=[_row_value(v) for v in obj]))
+        return pb.Value(string_value=format(obj, "f"))
+    if isinstance(obj, int) and not isinstance(obj, bool) and not -(2**63) <= obj < 2**63:
+        return pb.Value(string_value=str(obj))  # a UBIGINT beyond int64
     return py_to_value(obj)
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)
+_PER_SECOND = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+
+
+def _temporal_text(value: int, kind: pa.DataType) -> str | None:
+    """ISO-8601 text of a date, time or timestamp given as its number; None beyond Python's years 1 to 9999."""
+    if pa.types.is_date(kind):
+        days = value // 86_400_000 if pa.types.is_date64(kind) else value
+        try:
+            return (_EPOCH.date() + datetime.timedelta(days=days)).isoformat()
+        except OverflowError:
+            return None
+    seconds, part = divmod(value, _PER_SECOND[kind.unit])
+    fraction = _fraction(part, kind.unit)
+    if pa.types.is_time(kind):
+        return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}{fraction}"
+    try:
+        text = (_EPOCH + datetime.timedelta(seconds=seconds)).isoformat(sep=" ")
+    except OverflowError:
+        return None
+    return text + fraction + ("+00:00" if kind.tz else "")
+
+
+def _fraction(part: int, unit: str) -> str:
+    """Digits after the second: microseconds, or nanoseconds when there are any."""
+    nanos = part * (1_000_000_000 // _PER_SECOND[unit])
+    if not nanos:
+        return ""
+    return f".{nanos // 1000:06d}" if nanos % 1000 == 0 else f".{nanos:09d}"
 
 
 def rows_to_table(rows: pb.Rows, schema: pa.Schema, what: str) -> pa.Table:
@@ -289,10 +323,16 @@ DAY_NS = 86_400 * 1_000_000_000
 
 def _plain(kind: pa.DataType) -> pa.DataType:
     """The type whose Python values hold `kind`'s exactly, beyond Python's datetimes: times as their numbers."""
-    if pa.types.is_timestamp(kind) or pa.types.is_time64(kind) or pa.types.is_duration(kind):
+    if pa.types.is_timestamp(kind) or pa.types.is_time(kind) or pa.types.is_duration(kind) or pa.types.is_date64(kind):
         return pa.int64()
     if pa.types.is_date32(kind):
         return pa.int32()
+    if pa.types.is_list(kind):
+        return pa.list_(_plain(kind.value_type))
+    if pa.types.is_large_list(kind):
+        return pa.large_list(_plain(kind.value_type))
+    if pa.types.is_fixed_size_list(kind):
+        return pa.list_(_plain(kind.value_type), kind.list_size)
     return kind
 
 
