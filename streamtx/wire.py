@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import itertools
 import math
 import re
 import struct
@@ -588,6 +589,33 @@ def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
     if fmt == "rows":
         return rows_to_table(data.rows, schema, what)
     raise InvalidArgument(f"{what}: no rows: set data.arrow_ipc or data.rows")
+
+
+def decode_batches(data: pb.RowData, schema: pa.Schema, sizes: list[int], whats: list[str]) -> list[Any]:
+    """The batches of a message (`sizes` rows each), each decoded alone: a table, or the error rejecting it.
+
+    For a message that did not decode as a whole; its framing (Arrow IPC, row
+    counts adding up) must be sound, else InvalidArgument.
+    """
+    starts = list(zip(itertools.accumulate(sizes, initial=0), sizes, strict=False))
+    if data.WhichOneof("format") == "rows":
+        total, rows = len(data.rows.rows), data.rows
+        parts: list[Any] = [pb.Rows(columns=rows.columns, rows=rows.rows[at : at + size]) for at, size in starts]
+        decode = rows_to_table
+    else:
+        table = ipc_to_table(data.arrow_ipc, whats[0])
+        total = table.num_rows
+        parts = [table.slice(at, size) for at, size in starts]
+        decode = conform
+    if min(sizes) < 0 or sum(sizes) != total:
+        raise InvalidArgument(f"{whats[0]}: batch_rows must be counts adding up to the {total} rows in data")
+    out: list[Any] = []
+    for part, what in zip(parts, whats, strict=True):
+        try:
+            out.append(decode(part, schema, what))
+        except InvalidArgument as e:
+            out.append(e)
+    return out
 
 
 def encode_rowdata(table: pa.Table, arrow: bool = True) -> pb.RowData:

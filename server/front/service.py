@@ -10,12 +10,14 @@ import asyncio
 import collections
 import functools
 import importlib.metadata
+import itertools
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import pyarrow as pa
 
 from streamtx.errors import (
     FAULTS,
@@ -30,7 +32,7 @@ from streamtx.server.front.front import Front
 from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
-from streamtx.wire import decode_rowdata, encode_rowdata, params_from_proto
+from streamtx.wire import decode_batches, decode_rowdata, encode_rowdata, params_from_proto
 
 OUTCOMES = {
     "committed": pb.COMMITTED,
@@ -221,27 +223,32 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         except StreamTxError as e:
             return _Message(self, [self._rejected(ack, e) for ack in acks], [None] * len(acks))
         what = f"push to {stream!r} (producer {producer!r}, batches {first}..{first + len(sizes) - 1})"
-        futures: list[asyncio.Future | None] = []
+        parts: list[pa.Table | StreamTxError]
         try:
             table = decode_rowdata(request.data, schema, what)
             if min(sizes) < 0 or sum(sizes) != table.num_rows:
                 raise InvalidArgument(
                     f"{what}: batch_rows {_short(sizes)} must be counts adding up to the {table.num_rows} rows in data"
                 )
-        except StreamTxError as e:  # every batch of the message is well addressed: ids used up, rejected
-            futures = [front.reject(stream, producer, ack.batch_id, e) for ack in acks]
-        else:
-            offset = 0
-            for ack, size in zip(acks, sizes, strict=True):
-                part = table.slice(offset, size)
-                offset += size
-                ack.rows = size
-                try:
-                    front.check_rows(stream, part)
-                except StreamTxError as e:
-                    futures.append(front.reject(stream, producer, ack.batch_id, e))
-                    continue
-                futures.append(front.push(stream, producer, ack.batch_id, part))
+            offsets = itertools.accumulate(sizes, initial=0)
+            parts = [table.slice(offset, size) for offset, size in zip(offsets, sizes, strict=False)]
+        except StreamTxError as e:  # every batch of the message is well addressed: ids used up
+            whats = [f"push to {stream!r} (producer {producer!r}, batch {ack.batch_id})" for ack in acks]
+            try:  # each batch alone: a value one of them cannot hold rejects that batch only
+                parts = decode_batches(request.data, schema, sizes, whats)
+            except StreamTxError:
+                parts = [e] * len(acks)
+        futures: list[asyncio.Future | None] = []
+        for ack, part in zip(acks, parts, strict=True):
+            try:
+                if isinstance(part, StreamTxError):
+                    raise part
+                ack.rows = part.num_rows
+                front.check_rows(stream, part)
+            except StreamTxError as e:
+                futures.append(front.reject(stream, producer, ack.batch_id, e))
+                continue
+            futures.append(front.push(stream, producer, ack.batch_id, part))
         return _Message(self, acks, futures)
 
     @rpc()
