@@ -402,13 +402,11 @@ def _exact_float(v: float, field: pa.Field, row: int, what: str) -> Any:
             f"so it cannot be stored as {sql_name(kind)} without rounding"
         )
     if pa.types.is_decimal(kind):
-        if not math.isfinite(v):
-            raise InvalidArgument(f"{what}: column {field.name!r} row {row}: value {v!r} is not a {sql_name(kind)}")
-        exact = decimal.Decimal(repr(v))
-        if int(exact.as_tuple().exponent) < -kind.scale:
+        exact = _text_decimal(repr(v), kind) if math.isfinite(v) else None
+        if exact is None:
             raise InvalidArgument(
-                f"{what}: column {field.name!r} row {row}: value {v!r} has more than {kind.scale} "
-                f"decimal places, so it cannot be stored as {sql_name(kind)} without rounding"
+                f"{what}: column {field.name!r} row {row}: value {v!r} is not a {sql_name(kind)} "
+                f"(at most {kind.scale} decimal places and {kind.precision} digits) without rounding"
             )
         return exact
     if pa.types.is_float32(kind) and math.isfinite(v) and math.isinf(struct.unpack("f", struct.pack("f", v))[0]):
