@@ -447,9 +447,11 @@ def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.Chun
         _check_leaf_times(col, field.name, what)
         return col
     if not _readable(src, kind):
-        valid = pc.index(pc.is_valid(col), True).as_py()
+        values, rows = _leaves(col)
+        valid = pc.index(pc.is_valid(values), True).as_py()
         if valid < 0:
-            return pa.nulls(len(col), kind)
+            return pa.array(col.to_pylist(), kind)  # nulls and empty lists: nothing to read
+        valid = valid if rows is None else rows[valid].as_py()
         raise InvalidArgument(
             f"{what}: column {field.name!r} row {valid}: value {_show(col, valid)} of type {sql_name(src)} "
             f"cannot be stored as {sql_name(kind)}"
@@ -463,8 +465,10 @@ def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.Chun
         cast = _cast(col, kind)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         for r in range(len(col)):
+            if not col[r].is_valid:
+                continue
             try:
-                _cast(col.slice(r, 1), kind)
+                _cast(pa.concat_arrays(col.slice(r, 1).chunks), kind)  # a slice of a list casts all its values
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 raise InvalidArgument(
                     f"{what}: column {field.name!r} row {r}: value {_show(col, r)} of type "
