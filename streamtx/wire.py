@@ -89,9 +89,14 @@ def table_to_rows(table: pa.Table) -> pb.Rows:
     text; TIMESTAMPs, DATEs and TIMEs as ISO-8601 text, or beyond Python's
     years 1 to 9999 as their number (days, or units since 1970-01-01).
     """
-    columns = [[_row_value(v, col.type) for v in col.cast(_plain(col.type)).to_pylist()] for col in table.columns]
+    columns = [[_row_value(v, col.type) for v in _plain_values(col)] for col in table.columns]
     rows = [pb.Row(values=[col[r] for col in columns]) for r in range(table.num_rows)]
     return pb.Rows(columns=table.column_names, rows=rows)
+
+
+def _plain_values(col: pa.ChunkedArray) -> list[Any]:
+    plain = _plain(col.type)
+    return (col if plain == col.type else col.cast(plain)).to_pylist()  # (Arrow breaks a list<null> cast to itself)
 
 
 def _row_value(obj: Any, kind: pa.DataType) -> pb.Value:
@@ -124,6 +129,8 @@ def _temporal_text(value: int, kind: pa.DataType) -> str | None:
         except OverflowError:
             return None
     seconds, part = divmod(value, _PER_SECOND[kind.unit])
+    if not -(2**63) <= seconds * _PER_SECOND[kind.unit] < 2**63:
+        return None  # the last second before int64's end: Arrow's parser would overflow reading it back
     fraction = _fraction(part, kind.unit)
     if pa.types.is_time(kind):
         return f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}{fraction}"
