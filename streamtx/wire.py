@@ -450,6 +450,7 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
 
 def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.ChunkedArray | pa.Array:
     kind, src = field.type, col.type
+    _check_valid(col, field.name, what)
     if src == kind:
         _check_leaf_times(col, field.name, what)
         return col
@@ -487,6 +488,20 @@ def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.Chun
     _check_exact(col, cast, field.name, what)
     _check_leaf_times(cast, field.name, what)
     return cast
+
+
+def _check_valid(col: pa.ChunkedArray, column: str, what: str) -> None:
+    """Arrow IPC carries whatever bytes a client wrote: text that is not UTF-8 (DuckDB fails on it once the
+    batch has committed) or a decimal beyond its precision (DuckDB wraps it) is refused, naming its row."""
+    try:
+        col.validate(full=True)
+    except pa.ArrowInvalid as e:
+        for r in range(len(col)):
+            try:
+                pa.concat_arrays(col.slice(r, 1).chunks).validate(full=True)
+            except pa.ArrowInvalid:
+                raise InvalidArgument(f"{what}: column {column!r} row {r}: invalid {sql_name(col.type)}: {e}") from None
+        raise InvalidArgument(f"{what}: column {column!r}: invalid {sql_name(col.type)}: {e}") from None
 
 
 def _cast(col: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
