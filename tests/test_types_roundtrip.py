@@ -724,3 +724,35 @@ def test_a_stream_procedures_write_keeps_any_type(srv):
     assert srv.arrow.push("ids_in", {"k": [1, 2]}).result().outcome == "committed"
     got = srv.arrow.query("SELECT k, u::VARCHAR, j::VARCHAR FROM ids_out ORDER BY k").fetchall()
     assert got == [(1, "c4ca4238-a0b9-2382-0dcc-509a6f75849b", "1"), (2, "c81e728d-9d4c-2f63-6f06-7f89cc14862c", "2")]
+
+
+@pytest.mark.parametrize(
+    "name, column",
+    [
+        (
+            "varchar",
+            pa.Array.from_buffers(
+                pa.string(), 2, [None, pa.py_buffer(b"\0\0\0\0\1\0\0\0\3\0\0\0"), pa.py_buffer(b"a\xff\xfe")]
+            ),
+        ),
+        (
+            "dec4_2",
+            pa.Array.from_buffers(
+                pa.decimal128(4, 2), 2, [None, pa.py_buffer(bytes(16) + (10**30).to_bytes(16, "little"))]
+            ),
+        ),
+    ],
+    ids=["not-utf8", "beyond-precision"],
+)
+def test_arrow_bytes_that_are_not_a_value_of_the_type_are_refused(srv, name, column):
+    """Arrow IPC holds what a client wrote: text not UTF-8 failed in DuckDB after the ack; a wide decimal wrapped."""
+    data = pa.table({"k": pa.array([next(srv.keys), next(srv.keys)], pa.int64()), "v": column})
+    request = pb.PushRequest(
+        stream=f"t_{name}", producer_id=f"raw-{name}", batch_id=1, data=pb.RowData(arrow_ipc=wire.table_to_ipc(data))
+    )
+    ack = srv.stub.Push(request, timeout=60)
+    assert ack.outcome == pb.REJECTED and ack.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], ack
+    assert "column 'v' row 1: invalid" in ack.reason, ack.reason
+    assert srv.arrow.query(
+        f"SELECT count(*) FROM t_{name} WHERE k >= $k", {"k": min(data["k"].to_pylist())}
+    ).fetchall() == [(0,)]
