@@ -134,9 +134,10 @@ class _InFlight:
     batch_id: int
     table: pa.Table
     future: asyncio.Future[PushResult]
+    rows: pb.RowData | None = None  # the batch as protobuf Rows (a client without Arrow), encoded at admission
 
     @property
-    def rows(self) -> int:
+    def num_rows(self) -> int:
         return self.table.num_rows
 
 
@@ -359,13 +360,16 @@ class AsyncClient:
         """
         self._ensure_stub()
         table = to_table(rows)
+        # encoded before it takes a batch id: a value Rows cannot carry raises here, not in the writer
+        data = None if self.arrow else wire.encode_rowdata(table, arrow=False)
         if self._window is None:
             self._window = asyncio.Semaphore(self.max_in_flight)
         await self._window.acquire()
         if self._closed:
             self._window.release()
             raise errors.FailedPrecondition("client is closed")
-        entry = _InFlight(stream, self._batch_id(stream, batch_id), table, asyncio.get_running_loop().create_future())
+        future = asyncio.get_running_loop().create_future()
+        entry = _InFlight(stream, self._batch_id(stream, batch_id), table, future, data)
         seq = next(self._seq)
         self._inflight[seq] = entry
         key: BatchKey = (stream, self.producer_id, entry.batch_id)
@@ -432,7 +436,7 @@ class AsyncClient:
                 continue  # not ours (or already settled): nothing waits for it
             entry = self._forget(seqs[0], key)
             if entry is not None and not entry.future.done():
-                entry.future.set_result(PushResult.from_ack(ack, rows=entry.rows, index=i))
+                entry.future.set_result(PushResult.from_ack(ack, rows=entry.num_rows, index=i))
 
     def _fail_all(self, exc: BaseException) -> None:
         for seq, entry in list(self._inflight.items()):
@@ -549,9 +553,9 @@ class AsyncClient:
         first = run[0]
         req = pb.PushRequest(stream=first.stream, producer_id=self.producer_id, batch_id=first.batch_id)
         if len(run) == 1:
-            req.data.CopyFrom(wire.encode_rowdata(first.table, arrow=self.arrow))
+            req.data.CopyFrom(wire.encode_rowdata(first.table) if first.rows is None else first.rows)
             return req
         table = pa.concat_tables([e.table for e in run]).combine_chunks()
         req.data.CopyFrom(wire.encode_rowdata(table))
-        req.batch_rows.extend(e.rows for e in run)
+        req.batch_rows.extend(e.num_rows for e in run)
         return req

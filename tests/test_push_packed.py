@@ -5,6 +5,7 @@
   batches with one outcome come back as one ack with a `count`.
 - A batch of the message that aborts changes nothing and splits the acks;
   the batches around it commit.
+- A batch with a value its stream cannot hold is rejected alone; its neighbours commit.
 - Bad packing (counts not adding up, negative counts, an unknown stream, a
   batch over --max-batch-rows) gets a precise status per batch and changes
   nothing else; the server keeps serving.
@@ -23,6 +24,7 @@ import grpc
 import pyarrow as pa
 import pytest
 
+from streamtx import wire
 from streamtx.client import AsyncClient
 from streamtx.client.async_client import PACK_MAX_BYTES, PACK_YIELD, _InFlight
 from streamtx.server import protocol as pr
@@ -184,6 +186,21 @@ def test_packed_and_single_messages_interleave_in_batch_id_order(stub):
     acks = list(stub.PushStream(iter(messages), timeout=TIMEOUT))
     assert [(b, o) for b, o, _, _ in expand(acks)] == [(i, pb.COMMITTED) for i in range(1, 7)]
     assert rows(stub, table) == [(1, 10), (2, 20), (3, 30), (4, 40), (5, 50)]
+
+
+@pytest.mark.parametrize("arrow", [True, False], ids=["arrow", "rows"])
+def test_a_value_one_batch_cannot_hold_rejects_that_batch_only(stub, arrow):
+    """Packed by the client or not, a batch is answered as if sent alone: its neighbours still commit."""
+    stream, table = checked_copier(stub)
+    values = pa.table({"b": pa.array([1, 2, 2, 3], pa.int64()), "k": ["10", "20", "x", "30"]})
+    data = pb.RowData(arrow_ipc=table_to_ipc(values)) if arrow else pb.RowData(rows=wire.table_to_rows(values))
+    req = pb.PushRequest(stream=stream, producer_id="mixed", batch_id=1, data=data, batch_rows=[1, 2, 1])
+    raw = list(stub.PushStream(iter([req]), timeout=TIMEOUT))
+    assert [(b, o) for b, o, _, _ in expand(raw)] == [(1, pb.COMMITTED), (2, pb.REJECTED), (3, pb.COMMITTED)]
+    rejected = next(a for a in raw if a.outcome == pb.REJECTED)
+    assert rejected.code == SC.INVALID_ARGUMENT.value[0], rejected
+    assert "batch 2)" in rejected.reason and "column 'k' row 1: text 'x' is not a BIGINT" in rejected.reason, rejected
+    assert rows(stub, table) == [(1, 10), (3, 30)]
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import graphlib
 import json
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -143,6 +144,7 @@ class Catalog:
         self.window_owner: dict[str, str] = {}
         self.topo_rank: dict[str, int] = {}
         self.stream_schemas: dict[str, pa.Schema] = {}
+        self.stream_types: dict[str, dict[str, str]] = {}  # DuckDB's type of each column of each stream
         self.table_columns: dict[str, list[str]] = {}
         self.table_key_types: dict[str, str] = {}
         self.placement = placement.Placement()
@@ -261,8 +263,25 @@ class Catalog:
                 )
         new.version = self.version + 1
         new.analyze(resolve_python)
+        new._check_pushable(self, {name for kind, name in created if kind == "stream"})
         physical = physical_diff(self, new, set(dropped))
         return new, created, dropped, physical
+
+    def _check_pushable(self, before: Catalog, created: set[str]) -> None:
+        """Producers push only types the wire reads exactly (docs/protocol.md, "Rows"): a border stream new
+        to this deploy may not hold a column whose Arrow form is wider than its SQL type (a UUID travels as
+        VARCHAR): a value DuckDB refuses would only fail once the batch had committed."""
+        for stream in sorted(self.streams):
+            was_border = stream in before.streams and stream not in created and before.is_border(stream)
+            if was_border or not self.is_border(stream):
+                continue
+            for column, sql_type in self.stream_types[stream].items():
+                found = _UNPUSHABLE.search(sql_type)
+                if found:
+                    raise InvalidArgument(
+                        f"deploy: stream {stream!r}: column {column!r} is {sql_type}, which a push cannot carry "
+                        f"exactly: declare it {_PUSHABLE_AS[found[1] or found[2]]} and convert it in SQL"
+                    )
 
     def _apply(self, st: ddl.Statement, created: list, dropped: list) -> None:
         line = f"line {st.line}"
@@ -436,11 +455,14 @@ class Catalog:
 
     def _derive_schemas(self, con: duckdb.DuckDBPyConnection) -> None:
         self.stream_schemas = {}
+        self.stream_types = {}
         for name in self.streams:
             cols = ", ".join(quote(c) for c, _ in self.streams[name].columns)
             self.stream_schemas[name] = (
                 con.sql(f"SELECT {cols} FROM {STREAM_SCHEMA}.{quote(name)} LIMIT 0").to_arrow_table().schema
             )
+            described = con.execute(f"DESCRIBE {STREAM_SCHEMA}.{quote(name)}").fetchall()
+            self.stream_types[name] = {r[0]: r[1] for r in described}
         described = {name: con.execute(f"DESCRIBE {quote(name)}").fetchall() for name in self.tables}
         self.table_columns = {name: [r[0] for r in rows] for name, rows in described.items()}
         self.table_key_types = {}
@@ -931,6 +953,24 @@ def _find_cycle(edges: dict[str, set[str]]) -> str:
                 return " -> ".join(cycle)
     return "?"
 
+
+_UNPUSHABLE = re.compile(
+    r"\b(UHUGEINT|UUID|JSON|BIT|INTERVAL|BIGNUM|VARINT|TIME WITH TIME ZONE)(?=[,)\[]|$)|\b(ENUM|UNION)\("
+)
+_PUSHABLE_AS = {
+    "UHUGEINT": "HUGEINT or DECIMAL(38,0)",
+    "UUID": "VARCHAR",
+    "JSON": "VARCHAR",
+    "ENUM": "VARCHAR",
+    "BIT": "VARCHAR",
+    "INTERVAL": "BIGINT (microseconds)",
+    "BIGNUM": "VARCHAR or DECIMAL",
+    "VARINT": "VARCHAR or DECIMAL",
+    "TIME WITH TIME ZONE": "TIMESTAMPTZ or TIME",
+    "UNION": "one column per member",
+}
+"""SQL types whose Arrow form a push could send values of that DuckDB refuses (UUID: any VARCHAR) or changes
+(INTERVAL: nanoseconds, BIT: its bytes); what to declare instead."""
 
 _NUMERIC = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER",
             "UBIGINT", "UHUGEINT", "DECIMAL", "FLOAT", "DOUBLE")  # fmt: skip
