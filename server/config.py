@@ -1,15 +1,62 @@
-"""Server configuration: one dataclass, built by the CLI or by tests."""
+"""Server settings: `ServerConfig`, the one table of everything `streamtx serve` can be told.
+
+Each setting is a field that carries its flag, help text and bounds
+(`setting`). `streamtx serve`'s flags and `--help` (`add_arguments`,
+`from_args`), the checks with their messages (`__post_init__`) and the
+partition workers' settings (`to_json`, `from_json`) all come from it, so a
+setting is named, defaulted and checked in one place.
+
+Standard library only: `streamtx serve` reads its flags before it imports
+the server.
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import json
 import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, get_type_hints
 
 DEFAULT_PORT = 7411
 EXECUTORS = ("serial", "opchain")
 """`serial`: S-Store's way, every TE alone with its own state access. `opchain`: TStream's
 way, state procedures' events coalesced into punctuation intervals with set-based state access."""
+DURABILITIES = ("strong", "weak", "off")
+"""What the command log holds (server/partition/journal.py)."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What a setting's value must satisfy; `wants` completes "--flag VALUE: must be ..."."""
+
+    ok: Callable[[Any], bool]
+    wants: str
+
+
+AT_LEAST_ONE = Bound(lambda v: v >= 1, ">= 1")
+NOT_NEGATIVE = Bound(lambda v: v >= 0, ">= 0")
+POSITIVE = Bound(lambda v: v > 0, "> 0")
+PORT = Bound(lambda v: 0 <= v < 65536, "in 0..65535")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    flag: str,
+    help: str,
+    factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    choices: tuple[str, ...] = (),
+    bound: Bound | None = None,
+    shown: str | None = None,
+    metavar: str | None = None,
+) -> Any:
+    """A field of `ServerConfig` with its flag; `shown` stands for the default in `--help` where the value won't do."""
+    meta = {"flag": flag, "help": help, "choices": choices, "bound": bound, "shown": shown, "metavar": metavar}
+    return field(default=default, default_factory=factory, metadata=meta)
 
 
 def default_procedures_path() -> Path:
@@ -17,64 +64,223 @@ def default_procedures_path() -> Path:
     return Path(__file__).resolve().parent.parent / "procedures"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServerConfig:
-    """Everything `streamtx serve` can be told.
+    """Everything `streamtx serve` can be told; a config that exists is valid.
 
     Defaults give a server on 127.0.0.1 with one partition per core that works
     on a laptop with nothing else installed.
     """
 
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT  # 0 picks a free port; the chosen one is printed and written to data_dir/port
-    data_dir: Path = field(default_factory=lambda: Path("streamtx-data"))
-    partitions: int = field(default_factory=lambda: os.cpu_count() or 1)
-    executor: str = "opchain"  # one of EXECUTORS
-    procedures_path: Path = field(default_factory=default_procedures_path)
-    token: str | None = field(default_factory=lambda: os.environ.get("STREAMTX_TOKEN") or None)
-    use_uvloop: bool = True
-    max_batch_rows: int = 1_000_000
-    max_message_bytes: int = 64 * 1024 * 1024
-    max_in_flight: int = 1024  # pushed batches admitted but not yet acknowledged, per server
-    stream_retention: int = 10_000  # batches kept on a stream no procedure consumes, for Subscribe;
-    # trimmed in steps of a tenth, so between N and 1.1 N of the latest batches are held
-    order_timeout_s: float = 10.0  # how long a batch waits for a missing earlier batch id
-    bins: int = 1024
-    max_restarts: int = 5  # worker restarts (front/supervisor.py) allowed per restart window; one more stops the server
-    restart_window_s: float = 60.0
-    durability: str = "strong"  # strong | weak | off: what the command log holds (server/partition/journal.py)
-    group_commit_ms: float = 2.0  # log records become durable together, at most this long after the first
-    checkpoint_every_s: float = 0.0  # periodic online checkpoints (0: only on demand)
-    interval_size: int = 500  # punctuation interval: at most this many queued batches per transaction
-    interval_ms: float = 0.0  # latency budget: wait up to this long for an interval to fill
-    staging_max_bytes: int = 512 * 1024 * 1024  # rows staged for two-phase pushes (Spark), in all
-    staging_ttl_s: float = 900.0  # staged rows never committed are dropped after this long idle
+    host: str = setting("127.0.0.1", flag="--host", help="interface to listen on")
+    port: int = setting(
+        DEFAULT_PORT,
+        flag="--port",
+        help="port; 0 picks a free one, printed and written to DATA_DIR/port",
+        bound=PORT,
+    )
+    data_dir: Path = setting(
+        flag="--data-dir",
+        factory=lambda: Path("streamtx-data"),
+        help="directory for snapshots and command logs",
+    )
+    partitions: int = setting(
+        flag="--partitions",
+        factory=lambda: os.cpu_count() or 1,
+        help="partition processes, each one thread with its own DuckDB",
+        bound=AT_LEAST_ONE,
+        shown=f"one per core, {os.cpu_count() or 1} here",
+    )
+    executor: str = setting(
+        "opchain",
+        flag="--executor",
+        help="batch executor: opchain coalesces state procedures' events into punctuation intervals (TStream); "
+        "serial runs each TE's state access by itself, S-Store style",
+        choices=EXECUTORS,
+    )
+    procedures_path: Path = setting(
+        flag="--procedures-path",
+        factory=default_procedures_path,
+        help="directory of Python procedures loaded at start-up",
+    )
+    token: str | None = setting(
+        flag="--token",
+        factory=lambda: os.environ.get("STREAMTX_TOKEN") or None,
+        help="bearer token clients must send; none means no authentication",
+        shown="the global --token, else env STREAMTX_TOKEN",
+        metavar="TOKEN",
+    )
+    uvloop: bool = setting(True, flag="--no-uvloop", help="run on the default asyncio loop, not uvloop")
+    max_batch_rows: int = setting(
+        1_000_000, flag="--max-batch-rows", help="largest atomic batch accepted, in rows", bound=AT_LEAST_ONE
+    )
+    max_message_bytes: int = setting(
+        64 * 1024 * 1024, flag="--max-message-bytes", help="largest gRPC message accepted", bound=AT_LEAST_ONE
+    )
+    max_in_flight: int = setting(
+        1024,
+        flag="--max-in-flight",
+        help="pushed batches admitted but not yet acknowledged, per server; beyond it pushes wait",
+        bound=AT_LEAST_ONE,
+    )
+    stream_retention: int = setting(
+        10_000,
+        flag="--stream-retention",
+        help="batches kept on a stream no procedure consumes, for Subscribe; trimmed in steps of a tenth, "
+        "so between N and 1.1 N of the latest batches are held",
+        bound=NOT_NEGATIVE,
+    )
+    staging_max_bytes: int = setting(
+        512 * 1024 * 1024,
+        flag="--staging-max-bytes",
+        help="bytes of rows staged for two-phase pushes (Spark), in all; beyond it Stage is RESOURCE_EXHAUSTED",
+        bound=AT_LEAST_ONE,
+    )
+    staging_ttl: float = setting(
+        900.0,
+        flag="--staging-ttl",
+        help="seconds after which staged rows never committed are dropped",
+        bound=POSITIVE,
+    )
+    max_restarts: int = setting(
+        5,
+        flag="--max-restarts",
+        help="restarts of the partition workers (after one died) allowed within --restart-window; "
+        "one more stops the server",
+        bound=NOT_NEGATIVE,
+    )
+    restart_window: float = setting(
+        60.0, flag="--restart-window", help="seconds over which --max-restarts counts", bound=POSITIVE
+    )
+    order_timeout: float = setting(
+        10.0,
+        flag="--order-timeout",
+        help="seconds a batch waits for a missing earlier batch id",
+        bound=NOT_NEGATIVE,
+    )
+    bins: int = setting(
+        1024,
+        flag="--bins",
+        help="partitioning bins: bin = hash(key) mod BINS; at least --partitions",
+        bound=AT_LEAST_ONE,
+    )
+    durability: str = setting(
+        "strong",
+        flag="--durability",
+        help="command log: strong logs every committed TE, weak only batches from outside and calls "
+        "(interior TEs are re-derived on recovery), off nothing",
+        choices=DURABILITIES,
+    )
+    group_commit_ms: float = setting(
+        2.0,
+        flag="--group-commit-ms",
+        help="log records are fsynced together at most this long after the first; 0: no group commit, "
+        "each record is fsynced alone before the partition goes on",
+        bound=NOT_NEGATIVE,
+    )
+    checkpoint_every: float = setting(
+        0.0,
+        flag="--checkpoint-every",
+        help="take an online checkpoint this often, in seconds; 0: only on demand",
+        bound=NOT_NEGATIVE,
+        metavar="SECONDS",
+    )
+    sql_compiler: str = setting(
+        "on",
+        flag="--sql-compiler",
+        help="run SQL statements compiled over the partitions' in-memory state where they can be "
+        "(streamtx explain shows which); off: every statement runs in DuckDB",
+        choices=("on", "off"),
+    )
+    interval_size: int = setting(
+        500,
+        flag="--interval-size",
+        help="punctuation interval: at most this many queued batches (and the TEs they trigger) are "
+        "executed and committed together",
+        bound=AT_LEAST_ONE,
+    )
+    interval_ms: float = setting(
+        0.0,
+        flag="--interval-ms",
+        help="latency budget: how long a partition waits for an interval to fill before it runs what "
+        "is queued; 0: never waits",
+        bound=NOT_NEGATIVE,
+    )
 
-    def validate(self) -> None:
-        if self.partitions < 1:
-            raise ValueError(f"--partitions must be >= 1, got {self.partitions}")
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if meta["choices"] and value not in meta["choices"]:
+                raise ValueError(f"{meta['flag']} {value!r}: must be one of {', '.join(meta['choices'])}")
+            if meta["bound"] is not None and not meta["bound"].ok(value):
+                raise ValueError(f"{meta['flag']} {value!r}: must be {meta['bound'].wants}")
         if self.bins < self.partitions:
-            raise ValueError(f"--bins ({self.bins}) must be at least --partitions ({self.partitions})")
+            raise ValueError(f"--bins {self.bins}: must be at least --partitions ({self.partitions})")
 
-        if self.durability not in ("strong", "weak", "off"):
-            raise ValueError(f"--durability must be strong, weak or off, got {self.durability!r}")
-        if self.executor not in EXECUTORS:
-            raise ValueError(f"--executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}")
-        if not (0 <= self.port < 65536):
-            raise ValueError(f"--port must be in 0..65535, got {self.port}")
-        if self.interval_size < 1:
-            raise ValueError("--interval-size must be >= 1")
-        if self.interval_ms < 0:
-            raise ValueError("--interval-ms must be >= 0")
-        if self.group_commit_ms < 0:
-            raise ValueError(f"--group-commit-ms must be >= 0 (0: no group commit), got {self.group_commit_ms}")
-        if self.max_restarts < 0:
-            raise ValueError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.restart_window_s <= 0:
-            raise ValueError(f"--restart-window must be > 0, got {self.restart_window_s}")
-        if self.max_batch_rows < 1:
-            raise ValueError("--max-batch-rows must be >= 1")
-        if self.staging_max_bytes < 1:
-            raise ValueError("--staging-max-bytes must be >= 1")
-        if self.staging_ttl_s <= 0:
-            raise ValueError("--staging-ttl must be > 0")
+    def partition_dir(self, index: int) -> Path:
+        """Where partition `index` keeps its command log and checkpoints."""
+        return Path(self.data_dir) / f"partition-{index}"
+
+    def to_json(self) -> str:
+        """The config as a partition worker receives it (`from_json` gives it back, equal)."""
+        return json.dumps({f.name: _plain(getattr(self, f.name)) for f in fields(self)})
+
+    @classmethod
+    def from_json(cls, text: str) -> ServerConfig:
+        types = get_type_hints(cls)
+        return cls(**{name: Path(v) if types[name] is Path else v for name, v in json.loads(text).items()})
+
+
+def _plain(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, its help ending with the default.
+
+    A flag not given sets nothing (`SUPPRESS`), so the setting keeps its one
+    default, the field's. `--token` shares its name with the global
+    `streamtx --token`: given to `serve`, it wins; else the global one does.
+    """
+    defaults = ServerConfig()
+    types = get_type_hints(ServerConfig)
+    for f in fields(ServerConfig):
+        meta, kind = f.metadata, types[f.name]
+        if kind is bool:
+            action = "store_false" if getattr(defaults, f.name) else "store_true"
+            parser.add_argument(meta["flag"], dest=f.name, action=action, default=argparse.SUPPRESS, help=meta["help"])
+            continue
+        shown = meta["shown"] or getattr(defaults, f.name)
+        parser.add_argument(
+            meta["flag"],
+            dest=f.name,
+            type=kind if kind in (int, float, Path) else str,
+            choices=meta["choices"] or None,
+            metavar=meta["metavar"],
+            default=argparse.SUPPRESS,
+            help=f"{meta['help']} (default: {shown})".replace("%", "%%"),
+        )
+
+
+def from_args(args: argparse.Namespace) -> ServerConfig:
+    """The config of the flags `add_arguments` parsed; a bad value is a ValueError naming its flag."""
+    given = vars(args)
+    return ServerConfig(**{f.name: given[f.name] for f in fields(ServerConfig) if f.name in given})
+
+
+def flags(**settings: Any) -> list[str]:
+    """`streamtx serve` arguments for settings given by field name (None: left out), for servers started as a child."""
+    by_name = {f.name: f for f in fields(ServerConfig)}
+    argv: list[str] = []
+    for name, value in settings.items():
+        if name not in by_name:
+            raise TypeError(f"flags: ServerConfig has no setting {name!r}")
+        f = by_name[name]
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            if value != f.default:
+                argv.append(f.metadata["flag"])
+            continue
+        argv += [f.metadata["flag"], str(value)]
+    return argv

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from streamtx.server.config import flags
+
 
 class EmbeddedServer:
     """`with EmbeddedServer() as srv: Client(srv.target)`."""
@@ -25,7 +27,7 @@ class EmbeddedServer:
         data_dir: Path | None = None,
         *,
         partitions: int = 1,
-        executor: str = "opchain",
+        executor: str | None = None,
         interval_size: int | None = None,
         token: str | None = None,
         durability: str | None = None,
@@ -33,22 +35,19 @@ class EmbeddedServer:
         quiet: bool = True,
         startup_timeout: float = 60.0,
     ) -> None:
+        """Settings left None keep the server's default; `extra_args` are more `streamtx serve` flags."""
         self._tmp = None if data_dir is not None else tempfile.TemporaryDirectory(prefix="streamtx-")
         self.data_dir = Path(data_dir) if data_dir is not None else Path(self._tmp.name)
-        self.args = [
-            "--port",
-            "0",
-            "--data-dir",
-            str(self.data_dir),
-            "--partitions",
-            str(partitions),
-            "--executor",
-            executor,
-            *(["--token", token] if token else []),
-            *(["--interval-size", str(interval_size)] if interval_size else []),
-            *(["--durability", durability] if durability else []),
-            *(extra_args or []),
-        ]
+        settings = flags(
+            port=0,
+            data_dir=self.data_dir,
+            partitions=partitions,
+            executor=executor,
+            token=token or None,
+            interval_size=interval_size or None,
+            durability=durability,
+        )
+        self.args = [*settings, *(extra_args or [])]
         self.quiet = quiet
         self.startup_timeout = startup_timeout
         self.proc: subprocess.Popen | None = None

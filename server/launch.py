@@ -15,7 +15,7 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
@@ -53,33 +53,10 @@ def lock_data_dir(data_dir: Path) -> IO[str]:
 def spawn_worker(index: int, config: ServerConfig) -> Spawned:
     """`python -m streamtx.server.partition.worker` for partition `index`, on one end of a socket pair."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamtx.server.partition.worker",
-        "--fd",
-        str(theirs.fileno()),
-        "--partition",
-        str(index),
-        "--parent",
-        str(os.getpid()),
-        "--procedures-path",
-        str(config.procedures_path),
-        "--retention",
-        str(config.stream_retention),
-        "--executor",
-        config.executor,
-        "--interval-size",
-        str(config.interval_size),
-        "--interval-ms",
-        str(config.interval_ms),
-        "--durability",
-        config.durability,
-        "--data-dir",
-        str(Path(config.data_dir) / f"partition-{index}"),
-        "--group-commit-ms",
-        str(config.group_commit_ms),
-    ]
+    # the worker has no use for the token, and a process's argv is visible to every user of the machine
+    settings = replace(config, token=None).to_json()
+    cmd = [sys.executable, "-m", "streamtx.server.partition.worker", "--fd", str(theirs.fileno())]
+    cmd += ["--partition", str(index), "--parent", str(os.getpid()), "--config", settings]
     proc = subprocess.Popen(cmd, pass_fds=[theirs.fileno()], start_new_session=False)
     theirs.close()
     return Spawned(proc, ours)

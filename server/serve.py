@@ -32,7 +32,6 @@ class Server:
     """A running streamtx server (front + partitions), for the CLI and tests."""
 
     def __init__(self, config: ServerConfig, launched: Launch | None = None) -> None:
-        config.validate()
         self.config = config
         self.front = Front(config, launched)
         self.port = 0
@@ -101,7 +100,7 @@ class Server:
 def serve(config: ServerConfig, launched: Launch | None = None) -> None:
     """Runs a server until SIGTERM/SIGINT; uses uvloop unless told not to."""
     try:
-        _run(Server(config, launched), config.use_uvloop)
+        _run(Server(config, launched), config.uvloop)
     finally:
         gc.collect()  # release DuckDB objects before interpreter teardown
 

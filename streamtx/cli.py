@@ -43,7 +43,7 @@ _FILE_FORMATS = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
-    from streamtx.server.config import EXECUTORS, ServerConfig
+    from streamtx.server.config import ServerConfig, add_arguments
 
     parser = argparse.ArgumentParser(
         prog="streamtx",
@@ -181,145 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"flags: {defaults.partitions} partition(s) (one per core) on {defaults.host}:{defaults.port}, data in "
         f"./{defaults.data_dir}.",
     )
-    p.add_argument("--host", default=defaults.host, help="interface to listen on (default %(default)s)")
-    p.add_argument(
-        "--port",
-        type=int,
-        default=defaults.port,
-        help="port; 0 picks a free one (default %(default)s)",
-    )
-    p.add_argument(
-        "--data-dir",
-        type=Path,
-        default=defaults.data_dir,
-        help="directory for snapshots and command logs (default %(default)s)",
-    )
-    p.add_argument(
-        "--partitions",
-        type=int,
-        default=defaults.partitions,
-        help="partition processes, each one thread with its own DuckDB (default: one per core, %(default)s here)",
-    )
-    p.add_argument(
-        "--executor",
-        choices=EXECUTORS,
-        default=defaults.executor,
-        help="batch executor: opchain coalesces state procedures' events into punctuation intervals (TStream); "
-        "serial runs each TE's state access by itself, S-Store style (default %(default)s)",
-    )
-    p.add_argument(
-        "--procedures-path",
-        type=Path,
-        default=defaults.procedures_path,
-        help="directory of Python procedures loaded at start-up (default %(default)s)",
-    )
-    p.add_argument(
-        "--token",
-        dest="serve_token",
-        metavar="TOKEN",
-        default=None,
-        help="bearer token clients must send (default: the global --token or STREAMTX_TOKEN; "
-        "none means no authentication)",
-    )
-    p.add_argument("--no-uvloop", action="store_true", help="run on the default asyncio loop, not uvloop")
-    p.add_argument(
-        "--max-batch-rows",
-        type=int,
-        default=defaults.max_batch_rows,
-        help="largest atomic batch accepted, in rows (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=defaults.max_message_bytes,
-        help="largest gRPC message accepted (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-in-flight",
-        type=int,
-        default=defaults.max_in_flight,
-        help="pushed batches admitted but not yet acknowledged, per server; beyond it "
-        "pushes wait (default %(default)s)",
-    )
-    p.add_argument(
-        "--stream-retention",
-        type=int,
-        default=defaults.stream_retention,
-        help="batches kept on a stream no procedure consumes, for Subscribe (default %(default)s)",
-    )
-    p.add_argument(
-        "--staging-max-bytes",
-        type=int,
-        default=defaults.staging_max_bytes,
-        help="bytes of rows staged for two-phase pushes (Spark), in all; beyond it Stage is "
-        "RESOURCE_EXHAUSTED (default %(default)s)",
-    )
-    p.add_argument(
-        "--staging-ttl",
-        type=float,
-        default=defaults.staging_ttl_s,
-        help="seconds after which staged rows never committed are dropped (default %(default)s)",
-    )
-    p.add_argument(
-        "--max-restarts",
-        type=int,
-        default=defaults.max_restarts,
-        help="restarts of the partition workers (after one died) allowed within --restart-window; "
-        "one more stops the server (default %(default)s)",
-    )
-    p.add_argument(
-        "--restart-window",
-        type=float,
-        default=defaults.restart_window_s,
-        help="seconds over which --max-restarts counts (default %(default)s)",
-    )
-    p.add_argument(
-        "--order-timeout",
-        type=float,
-        default=defaults.order_timeout_s,
-        help="seconds a batch waits for a missing earlier batch id (default %(default)s)",
-    )
-    p.add_argument(
-        "--bins",
-        type=int,
-        default=defaults.bins,
-        help="partitioning bins: bin = hash(key) mod BINS (default %(default)s)",
-    )
-    p.add_argument(
-        "--durability",
-        choices=("strong", "weak", "off"),
-        default=defaults.durability,
-        help="command log: strong logs every committed TE, weak only batches from outside and calls "
-        "(interior TEs are re-derived on recovery), off nothing (default %(default)s)",
-    )
-    p.add_argument(
-        "--group-commit-ms",
-        type=float,
-        default=defaults.group_commit_ms,
-        help="log records are fsynced together at most this long after the first; 0: no group commit, "
-        "each record is fsynced alone before the partition goes on (default %(default)s)",
-    )
-    p.add_argument(
-        "--checkpoint-every",
-        type=float,
-        default=defaults.checkpoint_every_s,
-        metavar="SECONDS",
-        help="take an online checkpoint this often; 0 = only on demand (default %(default)s)",
-    )
-    p.add_argument(
-        "--interval-size",
-        type=int,
-        default=defaults.interval_size,
-        help="punctuation interval: at most this many queued batches (and the TEs they trigger) are "
-        "executed and committed together (default %(default)s)",
-    )
-    p.add_argument(
-        "--interval-ms",
-        type=float,
-        default=defaults.interval_ms,
-        help="latency budget: how long a partition waits for an interval to fill before it runs what "
-        "is queued (default %(default)s: never waits)",
-    )
+    add_arguments(p)
 
     for name, helptext in (
         ("demo", "run the voter leaderboard demo (arguments are passed on; try 'demo --help')"),
@@ -678,35 +540,10 @@ async def _push_table(args: argparse.Namespace, table: pa.Table) -> tuple[Counte
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from streamtx.errors import InvalidArgument
-    from streamtx.server.config import ServerConfig
+    from streamtx.server.config import from_args
 
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        data_dir=args.data_dir,
-        partitions=args.partitions,
-        executor=args.executor,
-        procedures_path=args.procedures_path,
-        token=args.serve_token or args.token,
-        use_uvloop=not args.no_uvloop,
-        max_batch_rows=args.max_batch_rows,
-        max_message_bytes=args.max_message_bytes,
-        max_in_flight=args.max_in_flight,
-        stream_retention=args.stream_retention,
-        order_timeout_s=args.order_timeout,
-        max_restarts=args.max_restarts,
-        restart_window_s=args.restart_window,
-        staging_max_bytes=args.staging_max_bytes,
-        staging_ttl_s=args.staging_ttl,
-        bins=args.bins,
-        interval_size=args.interval_size,
-        interval_ms=args.interval_ms,
-        durability=args.durability,
-        group_commit_ms=args.group_commit_ms,
-        checkpoint_every_s=args.checkpoint_every,
-    )
     try:
-        config.validate()
+        config = from_args(args)
     except ValueError as e:
         raise InvalidArgument(str(e)) from None
     from streamtx.server.launch import launch

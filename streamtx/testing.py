@@ -48,7 +48,7 @@ from streamtx.errors import FailedPrecondition, StreamTxError
 from streamtx.server import sqltree
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
-from streamtx.server.config import default_procedures_path
+from streamtx.server.config import EXECUTORS, ServerConfig
 from streamtx.server.front import checks
 from streamtx.server.front.service import fill_ack
 from streamtx.server.loader import ProcedureLoader
@@ -60,10 +60,6 @@ from streamtx.wire import conform
 
 __all__ = ["EXECUTORS", "Harness", "RunResult", "run"]
 
-EXECUTORS = ("serial", "opchain")
-INTERVAL_SIZE = 500
-"""Queued batches taken as one punctuation interval at most, as the server's --interval-size."""
-
 
 class Harness:
     """One partition in this process: `with Harness(script) as h: h.push(...); h.query(...)`.
@@ -72,7 +68,9 @@ class Harness:
     'module:function'` names are found under (the server's
     `--procedures-path`; by default the procedures that ship with streamtx).
     Each harness imports its procedure modules afresh, as a server process
-    would. Single-threaded, like a partition.
+    would. Single-threaded, like a partition. `executor`, `interval_size` and
+    `stream_retention` are the server's settings (server/config.py), with
+    their defaults and checks: a bad value is a ValueError naming its flag.
     """
 
     def __init__(
@@ -80,20 +78,30 @@ class Harness:
         deploy: str | None = None,
         *,
         procedures_path: str | Path | None = None,
-        executor: str = "opchain",
-        interval_size: int = INTERVAL_SIZE,
-        retention: int = 10_000,
-        sql_compiler: bool = True,
+        executor: str = ServerConfig.executor,
+        interval_size: int = ServerConfig.interval_size,
+        stream_retention: int = ServerConfig.stream_retention,
+        sql_compiler: str = ServerConfig.sql_compiler,
     ) -> None:
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
-        if interval_size < 1:
-            raise ValueError(f"interval_size {interval_size}: expected at least 1")
-        self.executor = executor
-        self.interval_size = interval_size
-        self.loader = ProcedureLoader(Path(procedures_path) if procedures_path else default_procedures_path())
-        self.engine = Engine(0, self.loader, retention, executor)
-        self.engine.sql_plans.enabled = sql_compiler
+        paths = {"procedures_path": Path(procedures_path)} if procedures_path else {}
+        config = ServerConfig(
+            partitions=1,
+            executor=executor,
+            interval_size=interval_size,
+            stream_retention=stream_retention,
+            sql_compiler=sql_compiler,
+            **paths,
+        )
+        self.executor = config.executor
+        self.interval_size = config.interval_size
+        self.loader = ProcedureLoader(config.procedures_path)
+        self.engine = Engine(
+            0,
+            self.loader,
+            executor=config.executor,
+            stream_retention=config.stream_retention,
+            sql_compiler=config.sql_compiler == "on",
+        )
         self.dataflow = Dataflow(self.engine)
         self.catalog = Catalog()  # the front's copy; the engine installs its own from JSON, as a partition does
         self.last_ts = 0
@@ -282,8 +290,8 @@ def run(
     executors: Iterable[str] = EXECUTORS,
     procedures_path: str | Path | None = None,
     setup: Callable[[Harness], Any] | None = None,
-    interval_size: int = INTERVAL_SIZE,
-    sql_compiler: Iterable[bool] = (True,),
+    interval_size: int = ServerConfig.interval_size,
+    sql_compiler: Iterable[str] = ("on",),
 ) -> RunResult:
     """Runs the batches under each executor and `sql_compiler` setting, each in a fresh `Harness`; returns the first's.
 
@@ -291,24 +299,24 @@ def run(
     that fills reference tables, say). The runs must agree on every outcome,
     every table and every output batch (the tuples of one batch compared in
     any order): else AssertionError naming the first difference. With
-    `sql_compiler=(False, True)`, SQL run in DuckDB is the reference the
+    `sql_compiler=("off", "on")`, SQL run in DuckDB is the reference the
     compiled statements (server/sqlc) are checked against.
     """
     batches = list(batches)
     results: dict[str, RunResult] = {}
-    for compiled in sql_compiler:
+    for compiler in sql_compiler:
         for executor in executors:
             with Harness(
                 deploy,
                 procedures_path=procedures_path,
                 executor=executor,
                 interval_size=interval_size,
-                sql_compiler=compiled,
+                sql_compiler=compiler,
             ) as h:
                 if setup is not None:
                     setup(h)
                 outcomes = h.push_many(batches)
-                results[f"{executor}/{'compiled' if compiled else 'duckdb'}"] = RunResult(
+                results[f"{executor}/sql-compiler {compiler}"] = RunResult(
                     outcomes, h.tables(), h.outputs()
                 )
     if not results:

@@ -45,7 +45,7 @@ def test_a_resent_batch_gets_its_original_timestamp_within_the_history(
     executor: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(state, "TAKEN_HISTORY", 10)
-    eng = Engine(0, ProcedureLoader(tmp_path), 10_000, executor)
+    eng = Engine(0, ProcedureLoader(tmp_path), executor=executor)
     new, _, _, ddl = Catalog().deploy(SCRIPT, eng.loader.resolve)
     eng.install(new.to_json(), ddl)
     flow = Dataflow(eng)

@@ -107,7 +107,7 @@ def test_compiled_statements_do_what_duckdb_does(body: list[str], batches: list[
         deploy(body),
         [("ins", rows) for rows in batches],
         setup=lambda h: h.call("fill"),
-        sql_compiler=(False, True),
+        sql_compiler=("off", "on"),
         interval_size=3,
     )
 

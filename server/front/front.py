@@ -52,7 +52,7 @@ class Front:
         self.loader = ProcedureLoader(config.procedures_path)
         self.catalog = Catalog()
         self.partitions = Partitions(config)
-        self.sequencer = Sequencer(order_timeout=config.order_timeout_s)
+        self.sequencer = Sequencer(order_timeout=config.order_timeout)
         self.counters: collections.Counter[str] = collections.Counter()
         self.admission = asyncio.Semaphore(config.max_in_flight)
         self._stream_events: dict[str, asyncio.Event] = {}
@@ -385,7 +385,7 @@ class Front:
         return ts, [r[0] for r in replies]
 
     async def checkpoint_periodically(self) -> None:
-        every = self.config.checkpoint_every_s
+        every = self.config.checkpoint_every
         while every > 0:
             await asyncio.sleep(every)
             try:

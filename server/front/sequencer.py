@@ -27,7 +27,7 @@ queue order is timestamp order); the returned future is the outcome."""
 
 
 class Sequencer:
-    def __init__(self, last_ts: int = 0, order_timeout: float = 10.0) -> None:
+    def __init__(self, *, order_timeout: float, last_ts: int = 0) -> None:
         self.last_ts = last_ts
         self.order_timeout = order_timeout
         self.dispatched: dict[tuple[str, str], int] = {}

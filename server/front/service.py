@@ -85,7 +85,7 @@ INT64_MAX = 2**63 - 1
 class StreamTxService(pb_grpc.StreamTxServicer):
     def __init__(self, front: Front) -> None:
         self.front = front
-        self.staging = Staging(front.config.staging_max_bytes, front.config.staging_ttl_s)
+        self.staging = Staging(front.config.staging_max_bytes, front.config.staging_ttl)
         self._taken: collections.OrderedDict[tuple[str, str, int], None] = collections.OrderedDict()
         self._sweep: asyncio.TimerHandle | None = None
 
@@ -388,7 +388,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             if staged and key not in self._taken and front.sequencer.dispatched.get((producer, stream), 0) < batch_id:
                 raise FailedPrecondition(
                     f"commit of {stream!r} ({request.staging_id}) as batch {batch_id} of {producer!r}: nothing is "
-                    f"staged under this id (expired after {front.config.staging_ttl_s:g} s, aborted, or never "
+                    f"staged under this id (expired after {front.config.staging_ttl:g} s, aborted, or never "
                     "staged); stage the rows again"
                 )
             # a re-sent commit (the rows went into the batch already), or an empty batch:

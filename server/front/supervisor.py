@@ -127,11 +127,11 @@ class Supervisor:
         if config.durability == "off":
             return f"{cause}; with --durability off no log holds its state, so the server stops"
         now = time.monotonic()
-        self.restarts = [t for t in self.restarts if now - t < config.restart_window_s]
+        self.restarts = [t for t in self.restarts if now - t < config.restart_window]
         if len(self.restarts) >= config.max_restarts:
             return (
                 f"{cause}; the partition workers were restarted {len(self.restarts)} times in the last "
-                f"{config.restart_window_s:g} s (--max-restarts {config.max_restarts}), so the server stops"
+                f"{config.restart_window:g} s (--max-restarts {config.max_restarts}), so the server stops"
             )
         return None
 

@@ -33,6 +33,7 @@ from streamtx.procedure import Event
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import REPLICATED, owner_filter
+from streamtx.server.config import ServerConfig
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
@@ -59,18 +60,24 @@ SYSTEM_DDL = [
 
 class Engine:
     def __init__(
-        self, partition: int, loader: ProcedureLoader, retention: int = 10_000, executor: str = "serial"
+        self,
+        partition: int,
+        loader: ProcedureLoader,
+        *,
+        executor: str = ServerConfig.executor,
+        stream_retention: int = ServerConfig.stream_retention,
+        sql_compiler: bool = ServerConfig.sql_compiler == "on",
     ) -> None:
         self.partition = partition
         self.executor = executor
         self.loader = loader
-        self.retention = retention
+        self.stream_retention = stream_retention
         self.con = duckdb.connect(config={"enable_external_access": False, "threads": 1})  # one core per partition
         for sql in SYSTEM_DDL:
             self.con.execute(sql)
         self.catalog = Catalog()
         self.relations = Relations(self.con)
-        self.sql_plans = SqlPlans(self.con)
+        self.sql_plans = SqlPlans(self.con, sql_compiler)
         self.marks = Marks()
         self.retained: dict[str, collections.deque[int]] = {}
         self.trimmed_through: dict[str, int] = {}
@@ -274,7 +281,7 @@ class Engine:
 
     # ------------------------------------------------------------ stream storage
     def retain(self, stream: str, batch_ids: list[int]) -> None:
-        """Keeps new batches of a stream nothing consumes, for subscribers: the latest `retention`.
+        """Keeps new batches of a stream nothing consumes, for subscribers: the latest `stream_retention`.
 
         Called once per stream after each commit, with every batch it stored;
         the trim is written with the state (`StateStore.trim`), so it costs
@@ -282,10 +289,10 @@ class Engine:
         """
         kept = self.retained.setdefault(stream, collections.deque())
         kept.extend(batch_ids)
-        if len(kept) <= self.retention:
+        if len(kept) <= self.stream_retention:
             return
         cut = 0
-        while len(kept) > self.retention:
+        while len(kept) > self.stream_retention:
             cut = kept.popleft()
         self.state.trim(stream, cut)
         self.trimmed_through[stream] = cut
@@ -303,7 +310,7 @@ class Engine:
         if 0 < from_batch <= trimmed:
             raise OutOfRange(
                 f"stream {stream!r}: batches up to {trimmed} were trimmed (retention "
-                f"{self.retention} batches); resume from {trimmed + 1} or later"
+                f"{self.stream_retention} batches); resume from {trimmed + 1} or later"
             )
         kept = self.retained.get(stream)
         if not kept:

@@ -60,7 +60,6 @@ from streamtx.server.protocol import TeSpec
 if TYPE_CHECKING:
     from streamtx.server.partition.dataflow import Dataflow, Push, _Run
 
-MODES = ("strong", "weak", "off")
 COMMAND_FORMAT = 1
 """The form of the records' payloads (their JSON headers and relations), written in every log segment.
 
@@ -74,8 +73,7 @@ REPLAY_INTERVAL = 500  # logged batches replayed per DuckDB transaction (weak)
 
 class Journal:
     def __init__(self, mode: str, log: Log, sync: bool = False) -> None:
-        if mode not in MODES:
-            raise ValueError(f"--durability must be one of {', '.join(MODES)}, not {mode!r}")
+        """`mode`: one of config.DURABILITIES, checked with the server's settings."""
         self.mode = mode
         self.log = log
         self.sync = sync

@@ -30,13 +30,14 @@ import pyarrow as pa
 from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server import protocol as pr
+from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
-from streamtx.server.partition.journal import MODES, Journal
+from streamtx.server.partition.journal import Journal
 from streamtx.server.partition.state import run_values
 
 PR_SET_PDEATHSIG = 1
@@ -78,29 +79,24 @@ def _die_with_parent(parent: int) -> None:
 
 
 class Worker:
-    def __init__(
-        self,
-        partition: int,
-        frames: SocketFrames,
-        procedures: Path,
-        retention: int,
-        executor: str,
-        interval_size: int = 500,
-        interval_ms: float = 0.0,
-        durability: str = "off",
-        data_dir: Path | None = None,
-        group_commit_ms: float = 2.0,
-    ) -> None:
+    def __init__(self, partition: int, frames: SocketFrames, config: ServerConfig) -> None:
         self.frames = frames
-        self.interval_size = interval_size
-        self.interval_s = interval_ms / 1000
-        self.group_s = group_commit_ms / 1000
-        self.engine = Engine(partition, ProcedureLoader(procedures), retention, executor)
+        self.interval_size = config.interval_size
+        self.interval_s = config.interval_ms / 1000
+        self.group_s = config.group_commit_ms / 1000
+        loader = ProcedureLoader(config.procedures_path)
+        self.engine = Engine(
+            partition,
+            loader,
+            executor=config.executor,
+            stream_retention=config.stream_retention,
+            sql_compiler=config.sql_compiler == "on",
+        )
         self.dataflow = Dataflow(self.engine)
         self.inbox: queue.Queue[list[Frame] | None] = queue.Queue()  # frames as they came packed; None: the end
         self._backlog: collections.deque[Frame] = collections.deque()  # the rest of the inbox item taken last
-        self.data_dir = data_dir
-        self.journal = Journal.open(durability, data_dir, lambda _: self.inbox.put(WAKE), group_commit_ms)
+        self.data_dir = config.partition_dir(partition)
+        self.journal = Journal.open(config.durability, self.data_dir, self._wake, config.group_commit_ms)
         self.acks: collections.deque[tuple[int, pr.Response, list[pa.Table]]] = collections.deque()
         self.checkpointing = False
         self.acks_sent = 0
@@ -131,18 +127,20 @@ class Worker:
 
     def recover(self, checkpoint_ts: int | None, done: set[int]) -> pr.Recovered:
         """Rebuilds the partition from the chosen checkpoint and its command log (the front chose both)."""
-        info = pr.Recovered()
-        if self.data_dir is not None:
-            part = self.data_dir
-            try:
-                info = self.journal.recover(
-                    self.dataflow, part / "checkpoints", checkpoint_ts, part / "log", done, self.engine.partition
-                )
-            except (CorruptLog, CorruptCheckpoint) as e:
-                print(f"streamtx: partition {self.engine.partition}: cannot recover: {e}", file=sys.stderr, flush=True)
-                os._exit(2)
+        part = self.data_dir
+        try:
+            info = self.journal.recover(
+                self.dataflow, part / "checkpoints", checkpoint_ts, part / "log", done, self.engine.partition
+            )
+        except (CorruptLog, CorruptCheckpoint) as e:
+            print(f"streamtx: partition {self.engine.partition}: cannot recover: {e}", file=sys.stderr, flush=True)
+            os._exit(2)
         self.dataflow.journal = self.journal
         return info
+
+    def _wake(self, _lsn: int) -> None:
+        """The command log made more records durable: their acknowledgements can go."""
+        self.inbox.put(WAKE)
 
     def _read_loop(self) -> None:
         while True:
@@ -309,8 +307,6 @@ class Worker:
             os._exit(9)
 
     def _start_checkpoint(self, command: pr.Checkpoint, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
-        if self.data_dir is None:
-            raise FailedPrecondition("checkpoint: this server has no data directory for partition state")
         if self.checkpointing:
             raise FailedPrecondition(f"checkpoint: partition {self.engine.partition} is still writing the last one")
         snap, meta = checkpoints.begin(self.engine, self.journal.last_lsn, command.ts)
@@ -432,42 +428,26 @@ class Worker:
         return pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts), []
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="streamtx partition worker (started by the front)")
-    parser.add_argument("--fd", type=int, required=True)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The worker's arguments (launch.py): its settings, and process plumbing that is no setting."""
+    parser = argparse.ArgumentParser(description="streamtx partition worker (started by the front, launch.py)")
+    parser.add_argument("--fd", type=int, required=True, help="this worker's end of the socket pair")
     parser.add_argument("--partition", type=int, required=True)
-    parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--procedures-path", type=Path, required=True)
-    parser.add_argument("--retention", type=int, default=10_000)
-    parser.add_argument("--executor", default="opchain")
-    parser.add_argument("--interval-size", type=int, default=500)
-    parser.add_argument("--interval-ms", type=float, default=0.0)
-    parser.add_argument("--durability", choices=MODES, default="off")
-    parser.add_argument("--data-dir", type=Path, default=None)
-    parser.add_argument("--group-commit-ms", type=float, default=2.0)
-    args = parser.parse_args(argv)
+    parser.add_argument("--parent", type=int, required=True, help="the front's pid: the worker dies with it")
+    parser.add_argument("--config", type=ServerConfig.from_json, required=True, help="the server's settings, JSON")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
     sock = socket.socket(fileno=args.fd)
     try:
-        worker = Worker(
-            args.partition,
-            SocketFrames(sock),
-            args.procedures_path,
-            args.retention,
-            args.executor,
-            args.interval_size,
-            args.interval_ms,
-            args.durability,
-            args.data_dir,
-            args.group_commit_ms,
-        )
+        worker = Worker(args.partition, SocketFrames(sock), args.config)
     except (CorruptLog, CorruptCheckpoint) as e:
-        print(
-            f"streamtx: partition {args.partition}: cannot recover from {args.data_dir}: {e}",
-            file=sys.stderr,
-            flush=True,
-        )
+        where = args.config.partition_dir(args.partition)
+        print(f"streamtx: partition {args.partition}: cannot recover from {where}: {e}", file=sys.stderr, flush=True)
         os._exit(2)
     try:
         worker.serve()

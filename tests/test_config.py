@@ -1,0 +1,147 @@
+"""The settings table (server/config.py): flags, help, checks and the worker hand-off all come from `ServerConfig`."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import MISSING, fields, replace
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import pytest
+
+from streamtx import cli
+from streamtx.server.config import ServerConfig, flags, from_args
+from streamtx.server.launch import spawn_worker
+from streamtx.server.partition import worker
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+SETTINGS = fields(ServerConfig)
+
+
+def other_value(name: str) -> Any:
+    """A valid value of setting `name` that is not its default."""
+    default, kind = getattr(ServerConfig(), name), get_type_hints(ServerConfig)[name]
+    choices = next(f.metadata["choices"] for f in SETTINGS if f.name == name)
+    if choices:
+        return next(c for c in choices if c != default)
+    if kind is bool:
+        return not default
+    if kind is Path:
+        return Path("/srv") / name
+    if kind is int:
+        return default + 3
+    if kind is float:
+        return default + 1.5
+    return f"{name}-value"
+
+
+def every_other() -> ServerConfig:
+    return ServerConfig(**{f.name: other_value(f.name) for f in SETTINGS})
+
+
+def vars_of(config: ServerConfig) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in SETTINGS}
+
+
+def serve(*args: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "streamtx", "serve", "--data-dir", str(tmp / "data"), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_every_setting_has_its_flag_and_help_and_is_in_serve_help(tmp_path: Path) -> None:
+    out = serve("--help", tmp=tmp_path)
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for f in SETTINGS:
+        flag, dashed = f.metadata["flag"], f.name.replace("_", "-")
+        assert flag in (f"--{dashed}", f"--no-{dashed}"), f"{f.name}: flag {flag} is not its name"
+        assert f.metadata["help"], f"{f.name} has no help"
+        assert re.search(rf"(^|\s|\[){re.escape(flag)}\b", text), f"{flag} is missing from serve --help"
+
+
+def test_no_flag_keeps_every_default_and_each_flag_sets_its_setting() -> None:
+    parser = cli.build_parser()
+    assert from_args(parser.parse_args(["serve"])) == ServerConfig()
+    for f in SETTINGS:
+        value = other_value(f.name)
+        argv = ["serve", *flags(**{f.name: value})]
+        assert getattr(from_args(parser.parse_args(argv)), f.name) == value, argv
+    assert from_args(parser.parse_args(["serve", *flags(**vars_of(every_other()))])) == every_other()
+
+
+def test_the_serve_token_wins_over_the_global_one() -> None:
+    parser = cli.build_parser()
+    assert from_args(parser.parse_args(["--token", "global", "serve"])).token == "global"
+    assert from_args(parser.parse_args(["--token", "global", "serve", "--token", "own"])).token == "own"
+
+
+def test_a_config_survives_the_json_round_trip() -> None:
+    for config in (ServerConfig(), every_other()):
+        assert ServerConfig.from_json(config.to_json()) == config
+
+
+def test_a_worker_gets_the_front_s_config_but_not_its_token(tmp_path: Path) -> None:
+    config = replace(every_other(), data_dir=tmp_path / "data", procedures_path=ServerConfig().procedures_path)
+    spawned = spawn_worker(1, config)
+    try:
+        argv = [str(a) for a in spawned.proc.args]
+        assert config.token not in " ".join(argv)
+        args = worker.parse_args(argv[argv.index("streamtx.server.partition.worker") + 1 :])
+        assert args.partition == 1
+        assert args.config == replace(config, token=None)
+    finally:
+        spawned.sock.close()  # the worker's end of the socket ends: it stops
+    assert spawned.proc.wait(timeout=60) == 0  # it built its Worker from the config, then saw the end
+    assert (config.partition_dir(1) / "log").is_dir()  # --durability from the config: a command log
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--partitions", "0"], "--partitions 0: must be >= 1"),
+        (["--partitions", "4", "--bins", "2"], "--bins 2: must be at least --partitions (4)"),
+        (["--port", "70000"], "--port 70000: must be in 0..65535"),
+        (["--interval-size", "0"], "--interval-size 0: must be >= 1"),
+        (["--group-commit-ms", "-1"], "--group-commit-ms -1.0: must be >= 0"),
+        (["--staging-ttl", "0"], "--staging-ttl 0.0: must be > 0"),
+        (["--durability", "sometimes"], "argument --durability: invalid choice: 'sometimes' (choose from"),
+        (["--executor", "fast"], "argument --executor: invalid choice: 'fast' (choose from"),
+        (["--max-in-flight", "many"], "argument --max-in-flight: invalid int value: 'many'"),
+    ],
+)
+def test_a_bad_value_stops_serve_with_a_message_naming_its_flag(tmp_path: Path, args: list[str], message: str) -> None:
+    out = serve(*args, tmp=tmp_path)
+    assert out.returncode == 2
+    assert message in out.stderr, out.stderr
+    if "choice" in message:
+        flag = args[0]
+        choices = next(f.metadata["choices"] for f in SETTINGS if f.metadata["flag"] == flag)
+        assert all(repr(c) in out.stderr for c in choices), out.stderr
+    assert not (tmp_path / "data").exists()  # refused before the data directory is locked or a worker started
+
+
+def test_a_config_built_in_python_is_checked_as_the_flags_are() -> None:
+    with pytest.raises(ValueError, match=r"--durability 'sometimes': must be one of strong, weak, off"):
+        ServerConfig(durability="sometimes")
+    with pytest.raises(ValueError, match=r"--executor 'fast': must be one of serial, opchain"):
+        ServerConfig(executor="fast")
+    with pytest.raises(TypeError, match="no setting 'retention'"):
+        flags(retention=5)
+
+
+def test_the_readme_lists_every_setting_with_its_default() -> None:
+    rows = re.findall(r"^\| `(--[a-z-]+)` \| ([^|]+) \|", README.read_text(), re.M)
+    documented = dict(rows)
+    assert set(documented) == {f.metadata["flag"] for f in SETTINGS}
+    defaults = ServerConfig()
+    for f in SETTINGS:
+        plain = re.fullmatch(r"`([^`]+)`", documented[f.metadata["flag"]].strip())
+        if f.default is not MISSING and plain is not None:  # a value, not prose such as "one per core"
+            value = getattr(defaults, f.name)
+            assert type(value)(plain.group(1)) == value, f"README: {f.metadata['flag']} defaults to {value}"
