@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamtx.server.sqlc.expr import Unsupported
+from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.statement import compile_statement
 from streamtx.testing import Harness, run
 

@@ -19,7 +19,7 @@ from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import TS_PARAMS, Compiled
 from streamtx.server.protocol import StatementPlan
 from streamtx.server.sqlc import types as T
-from streamtx.server.sqlc.expr import Unsupported
+from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.query import Names, Relation
 from streamtx.server.sqlc.statement import Statement, compile_statement
 

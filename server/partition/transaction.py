@@ -32,7 +32,7 @@ from streamtx.server.partition.opchain import apply_event
 from streamtx.server.partition.ownership import check_local
 from streamtx.server.partition.state import Values, table_rows
 from streamtx.server.sqlc.ctx import Ctx, Fallback
-from streamtx.server.sqlc.expr import SqlError
+from streamtx.server.sqlc.errors import SqlError
 from streamtx.server.sqlc.statement import Statement
 from streamtx.wire import conform
 

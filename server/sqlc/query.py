@@ -23,10 +23,11 @@ from typing import Any
 
 from sqlglot import exp
 
+from streamtx.server.sqlc import columns as C
 from streamtx.server.sqlc import types as T
-from streamtx.server.sqlc.expr import Code, Unsupported, compile_expr
-
-SqlType = T.SqlType
+from streamtx.server.sqlc.errors import Unsupported
+from streamtx.server.sqlc.expr import Code, compile_expr
+from streamtx.server.sqlc.types import SqlType
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class _Planner:
                     code = self._expr(other, self._row_env())
                 except Unsupported:
                     continue
-                if not T.same_key_kind(code.type, types[col.name]):
+                if not C.same_key_kind(code.type, types[col.name]):
                     continue  # compared after a cast: the filter alone decides
                 found.setdefault(col.name, (code.source, c))
         if set(found) != set(rel.key):
@@ -333,7 +334,7 @@ class _Planner:
             if len(q.types) != 1:
                 raise Unsupported("IN (subquery) must select one column")
             left = compile_expr(node.this, self._row_env())
-            if not T.same_key_kind(left.type, q.types[0]):
+            if not C.same_key_kind(left.type, q.types[0]):
                 raise Unsupported("IN (subquery) compares values of different kinds")
             return Code(f"_in_rows({left.source}, {self._call(q)})", T.BOOLEAN, False)
         if isinstance(node, exp.Subquery):
@@ -397,7 +398,7 @@ class _Planner:
         row_env = self._row_env()
         key_codes = [compile_expr(k, row_env) for k in keys]
         for k, c in zip(keys, key_codes, strict=True):
-            if c.type.name in ("DOUBLE", "REAL"):
+            if c.type.kind in ("float", "real"):
                 raise Unsupported(f"GROUP BY {k.sql('duckdb')}: floating point keys run in DuckDB (NaN groups)")
         aggs: list[exp.Expression] = []
         for node in [*(e for _, e in items), *(_having_and_order(sel))]:
@@ -662,15 +663,15 @@ def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
         raise Unsupported(f"{node.sql('duckdb')}: DISTINCT aggregates other than count run in DuckDB")
     c = compile_expr(arg, env)
     if isinstance(node, exp.Sum):
-        if not T.is_integer(c.type):
+        if not c.type.is_integer:
             raise Unsupported(f"{node.sql('duckdb')}: a sum of {c.type.name} may round differently; it runs in DuckDB")
         return _AggSpec(
             "None",
             f"_v = {c.source}\nif _v is not None: {{a}} = _v if {{a}} is None else {{a}} + _v",
             "_hugeint",
-            T.sum_type(c.type),
+            C.sum_type(c.type),
         )
-    if not (T.is_integer(c.type) or c.type.name in ("VARCHAR", "BOOLEAN")):
+    if c.type.kind not in ("int", "str", "bool"):
         raise Unsupported(f"{node.sql('duckdb')} over {c.type.name} runs in DuckDB")
     pick = "<" if isinstance(node, exp.Min) else ">"
     return _AggSpec(
@@ -693,11 +694,11 @@ def _plan_values(values: exp.Values, names: Names, gen: _Gen) -> Query:
     for i in range(width):
         t = codes[0][i].type
         for r in codes[1:]:
-            t = T.common_type(t, r[i].type)
+            t = C.common_type(t, r[i].type)
         types.append(t)
     fn = gen.name("q")
     casted = [
-        "(" + "".join(f"{T.cast_source(c.source, c.type, t)}, " for c, t in zip(r, types, strict=True)) + ")"
+        "(" + "".join(f"{C.cast_source(c.source, c.type, t)}, " for c, t in zip(r, types, strict=True)) + ")"
         for r in codes
     ]
     source = f"def {fn}(ctx):\n    P = ctx.params\n    return [{', '.join(casted)}]"

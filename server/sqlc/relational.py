@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import builtins
+
 from streamtx.server.sqlc import runtime
 from streamtx.server.sqlc.ctx import one, opt
-from streamtx.server.sqlc.expr import SqlError
+from streamtx.server.sqlc.errors import SqlError
 
 HUGEINT_MAX = 2**127 - 1
 
@@ -103,7 +105,8 @@ def hugeint(total: Any) -> Any:
 
 def namespace() -> dict[str, Any]:
     """Globals for generated code: the scalar runtime and these helpers, under the names the generator writes."""
-    ns = dict(vars(runtime))
+    ns = dict(runtime.NAMESPACE)  # helpers registered while the statement was compiled
+    ns["__builtins__"] = builtins
     ns.update(
         {
             "_scalar": scalar,

@@ -29,9 +29,10 @@ from sqlglot import exp
 
 from streamtx.server import sqltree
 from streamtx.server.sqlc import relational
-from streamtx.server.sqlc import types as T
+from streamtx.server.sqlc.columns import arrow_type, caster
 from streamtx.server.sqlc.ctx import Ctx, Fallback
-from streamtx.server.sqlc.expr import Code, SqlError, Unsupported, compile_expr
+from streamtx.server.sqlc.errors import SqlError, Unsupported
+from streamtx.server.sqlc.expr import Code, compile_expr
 from streamtx.server.sqlc.query import Names, Query, Relation, _Gen, plan_query
 
 
@@ -114,13 +115,13 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
     unknown = [c for c in columns if c not in rel.types]
     if unknown:
         raise Unsupported(f"INSERT INTO {rel.name}: unknown column {unknown[0]!r}")
-    casts = [T.caster(t, rel.types[c]) for c, t in zip(columns, q.types, strict=True)]
+    casts = [caster(t, rel.types[c]) for c, t in zip(columns, q.types, strict=True)]
     fn = _build(q)
     describe = [f"insert into {rel.name} ({', '.join(columns)})", *(f"  {line}" for line in q.describe)]
     if rel.stream:
         if tree.args.get("conflict") or tree.args.get("alternative") or tree.args.get("ignore"):
             raise Unsupported("a stream has no key to conflict on")
-        schema = pa.schema([(c, T.arrow_type(t)) for c, t in rel.columns])
+        schema = pa.schema([(c, arrow_type(t)) for c, t in rel.columns])
         order = [columns.index(c) if c in columns else None for c, _ in rel.columns]
 
         def emit(ctx: Ctx) -> Result:
@@ -193,7 +194,7 @@ def _conflict(tree: exp.Insert, rel: Relation, names: Names) -> _Conflict:
         assigned.append((col, compile_expr(s.expression, env)))
     where = conflict.args.get("where")
     cond = compile_expr(where.this, env) if where is not None else None
-    casts = {c: T.caster(code.type, rel.types[c]) for c, code in assigned}
+    casts = {c: caster(code.type, rel.types[c]) for c, code in assigned}
     body = ", ".join(f"{c!r}: {code.source}" for c, code in assigned)
     guard = f"if ({cond.source}) is not True: return None\n    " if cond is not None else ""
     src = f"def _upd(OLD, NEW, P):\n    {guard}return {{{body}}}"
@@ -311,7 +312,7 @@ def _update(tree: exp.Update, names: Names, gen: _Gen) -> Statement:
     q = plan_query(select, names, gen)
     fn = _build(q)
     n = len(rel.key)
-    casts = [T.caster(t, rel.types[c]) for (c, _), t in zip(sets, q.types[n:], strict=True)]
+    casts = [caster(t, rel.types[c]) for (c, _), t in zip(sets, q.types[n:], strict=True)]
     not_null = [i for i, (c, _) in enumerate(sets) if c in rel.not_null]
 
     def update(ctx: Ctx) -> Result:
@@ -403,11 +404,11 @@ def _inserted_keys(q: Query, columns: list[str], rel: Relation) -> Callable[...,
     source = q.projections[i]
     if set(re.findall(r"\br\d+\b", source)) - {q.batch_var}:
         return None
-    return _key_function(source, q.batch_var, T.caster(q.types[i], rel.types[rel.key[0]]))
+    return _key_function(source, q.batch_var, caster(q.types[i], rel.types[rel.key[0]]))
 
 
 def _result_schema(q: Query) -> pa.Schema:
-    return pa.schema([(n, T.arrow_type(t)) for n, t in zip(q.names, q.types, strict=True)])
+    return pa.schema([(n, arrow_type(t)) for n, t in zip(q.names, q.types, strict=True)])
 
 
 def _table(rows: list[Any], schema: pa.Schema) -> pa.Table:
