@@ -109,28 +109,28 @@ class SqlPlans:
             return self._relations
         con = self.con
         columns: dict[str, list[tuple[str, T.SqlType]]] = {}
-        not_null: dict[str, set[str]] = {}
+        not_null: dict[str, list[str]] = {}
         refuse: dict[str, str] = {}
-        for table, name, type_sql, nullable, default in con.execute(
-            "SELECT table_name, column_name, data_type, is_nullable, column_default FROM duckdb_columns() "
+        for table, name, type_sql, default in con.execute(
+            "SELECT table_name, column_name, data_type, column_default FROM duckdb_columns() "
             "WHERE schema_name = 'main' AND NOT internal ORDER BY table_name, column_index"
         ).fetchall():
             columns.setdefault(table, []).append((name, T.parse_type(type_sql)))
-            if not nullable:
-                not_null.setdefault(table, set()).add(name)
             if default is not None:
                 refuse[table] = f"table {table!r} has column defaults: written in DuckDB"
         keys: dict[str, tuple[str, ...]] = {}
         for table, kind, cols in con.execute(
             "SELECT table_name, constraint_type, constraint_column_names FROM duckdb_constraints() "
-            "WHERE schema_name = 'main'"
+            "WHERE schema_name = 'main' ORDER BY table_name, constraint_index"
         ).fetchall():
             if kind == "PRIMARY KEY":
                 keys[table] = tuple(cols)
+            elif kind == "NOT NULL":
+                not_null.setdefault(table, []).append(cols[0])
             elif kind == "UNIQUE":
                 refuse[table] = f"table {table!r} has UNIQUE constraints: written in DuckDB"
         out = {
-            t: Relation(t, tuple(cols), keys.get(t, ()), False, frozenset(not_null.get(t, ())), refuse.get(t, ""))
+            t: Relation(t, tuple(cols), keys.get(t, ()), False, tuple(not_null.get(t, ())), refuse.get(t, ""))
             for t, cols in columns.items()
             if t in self.catalog.tables
         }

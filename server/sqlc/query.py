@@ -38,7 +38,7 @@ class Relation:
     columns: tuple[tuple[str, SqlType], ...]
     key: tuple[str, ...] = ()  # primary key columns (none: the table can only be scanned)
     stream: bool = False
-    not_null: frozenset[str] = frozenset()
+    not_null: tuple[str, ...] = ()  # in the order DuckDB checks them (its NOT NULL constraints' order)
     refuse_writes: str = ""  # why compiled statements may not write it (UNIQUE constraints, defaults)
 
     @property

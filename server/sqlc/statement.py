@@ -246,7 +246,7 @@ class _Writer:
         self.positions = [(c, columns.index(c) if c in columns else None) for c in self.all]
         self.casts = casts
         self.key = rel.key
-        self.not_null = [c for c in self.all if c in rel.not_null or c in rel.key]
+        self.not_null = list(rel.not_null)
         self.conflict = conflict
 
     def __call__(self, ctx: Ctx, rows: list[tuple[Any, ...]]) -> None:
@@ -313,7 +313,8 @@ def _update(tree: exp.Update, names: Names, gen: _Gen) -> Statement:
     fn = _build(q)
     n = len(rel.key)
     casts = [caster(t, rel.types[c]) for (c, _), t in zip(sets, q.types[n:], strict=True)]
-    not_null = [i for i, (c, _) in enumerate(sets) if c in rel.not_null]
+    set_at = {c: i for i, (c, _) in enumerate(sets)}
+    not_null = [set_at[c] for c in rel.not_null if c in set_at]  # in the order DuckDB checks them
 
     def update(ctx: Ctx) -> Result:
         changes = []
