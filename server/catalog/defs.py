@@ -8,7 +8,6 @@ here needs a default for old data directories to load.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
@@ -140,28 +139,37 @@ class Definitions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """The definitions `to_dict` gave; JSON has no tuples, so pairs come back as tuples here."""
+        """The definitions `to_dict` gave."""
         out = cls()
         out.version = data.get("version", 0)
         for kind in KINDS:
             objects = out.objects(kind)
             for name, d in data.get(kind, {}).items():
-                if kind == "stream":
-                    d = {**d, "columns": [tuple(c) for c in d["columns"]]}
-                if kind == "procedure":
-                    d = {**d, "params": [tuple(p) for p in d["params"]]}
-                objects[name] = _TYPES[kind](**d)
+                objects[name] = _from_dict(kind, d)
         return out
 
     def copy(self) -> Self:
-        """A deep copy, so a deploy's new catalog shares nothing mutable with the old one."""
+        """A deep copy, so a deploy's new catalog shares nothing mutable with the old one.
+
+        Its definitions equal the originals field for field (pairs stay tuples):
+        the physical diff rebuilds, empty, any relation whose definition differs.
+        """
         out = type(self)()
         out.version = self.version
         for kind in KINDS:
             src, dst = self.objects(kind), out.objects(kind)
             for name in sorted(src):
-                dst[name] = type(src[name])(**json.loads(json.dumps(asdict(src[name]))))
+                dst[name] = _from_dict(kind, asdict(src[name]))
         return out
+
+
+def _from_dict(kind: str, data: dict[str, Any]) -> Definition:
+    """The definition `asdict` (or JSON, which has no tuples) gave, with its pairs as tuples."""
+    if kind == "stream":
+        data = {**data, "columns": [tuple(c) for c in data["columns"]]}
+    if kind == "procedure":
+        data = {**data, "params": [tuple(p) for p in data["params"]]}
+    return _TYPES[kind](**data)
 
 
 def from_statement(st: ddl.Statement) -> tuple[str, Definition, bool, bool]:
