@@ -316,9 +316,7 @@ def run(
                 if setup is not None:
                     setup(h)
                 outcomes = h.push_many(batches)
-                results[f"{executor}/sql-compiler {compiler}"] = RunResult(
-                    outcomes, h.tables(), h.outputs()
-                )
+                results[f"{executor}/sql-compiler {compiler}"] = RunResult(outcomes, h.tables(), h.outputs())
     if not results:
         raise ValueError("run: no executor given")
     (first, expected), *others = results.items()

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtx.errors import InvalidArgument
-from streamtx.server.catalog.catalog import Catalog, referenced_tables
+from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.physical import referenced_tables
 
 
 @st.composite

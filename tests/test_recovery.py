@@ -215,6 +215,36 @@ def test_recovery_starts_from_the_last_checkpoint_and_replays_only_after_it(tmp_
         srv.close()
 
 
+def test_a_deploy_keeps_the_streams_it_does_not_touch_with_their_batches_and_marks(tmp_path):
+    """A stream an unrelated deploy leaves alone keeps its stored batches and its producers' marks.
+
+    It was rebuilt empty by every deploy after the first (its definition compared unequal to its
+    own copy), so stored batches vanished and, after a restart, a re-sent batch was applied twice.
+    """
+    data = tmp_path / "data"
+    srv = EmbeddedServer(data, partitions=1).start()
+    try:
+        with Client(srv.target, producer_id="p") as c:
+            c.deploy(
+                "CREATE TABLE t (a BIGINT); CREATE STREAM s (a BIGINT); CREATE STREAM out_s (a BIGINT);"
+                "CREATE PROCEDURE p ON STREAM s AS BEGIN INSERT INTO t SELECT a FROM s; END;"
+            )
+            assert c.push("s", {"a": [1, 2]}, batch_id=1).result().outcome == "committed"
+            assert c.push("out_s", {"a": [3]}, batch_id=1).result().outcome == "committed"
+            c.deploy("CREATE TABLE unrelated (a BIGINT);")
+            c.deploy("CREATE TABLE another (a BIGINT);")
+            assert c.query("SELECT a FROM out_s").fetchall() == [(3,)]
+        srv.kill()
+        srv.start()
+        with Client(srv.target, producer_id="p") as c:
+            assert c.push("s", {"a": [1, 2]}, batch_id=1).result().outcome == "duplicate"
+            assert c.push("out_s", {"a": [3]}, batch_id=1).result().outcome == "duplicate"
+            assert c.query("SELECT count(*) FROM t").fetchall() == [(2,)]
+            assert c.query("SELECT a FROM out_s").fetchall() == [(3,)]
+    finally:
+        srv.close()
+
+
 @pytest.mark.parametrize("mode", ["strong", "weak"])
 def test_batches_committed_together_are_one_record_and_replay_batch_for_batch(tmp_path, mode):
     """An interval's batches are one record: INTERVAL (strong: TEs border and interior, two schemas) or PUSHES."""

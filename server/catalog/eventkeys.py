@@ -13,15 +13,14 @@ or refused alike on 1 or 4 partitions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
 from streamtx.procedure import StateProcedure
-
-if TYPE_CHECKING:
-    from streamtx.server.catalog.catalog import Catalog, ProcedureDef
+from streamtx.server.catalog.defs import ProcedureDef, StreamDef
+from streamtx.server.catalog.graph import Dataflow
 
 
 def hashable(t: pa.DataType) -> bool:
@@ -59,14 +58,15 @@ def check_kind(proc: ProcedureDef, fn: Any, resolved: bool) -> None:
         )
 
 
-def check(cat: Catalog, proc: ProcedureDef, fired_triggers: list[str]) -> None:
-    """The columns exist and hold keys; the procedure can run wherever its batches' keys say."""
-    stream = proc.on_stream
-    assert stream is not None
+def check(proc: ProcedureDef, input_stream: StreamDef, schema: pa.Schema, flow: Dataflow, fired: list[str]) -> None:
+    """The columns exist and hold keys; the procedure can run wherever its batches' keys say.
+
+    `schema` is the input stream's Arrow schema; `fired`, the EE triggers its TEs fire.
+    """
+    stream = input_stream.name
     listed = ", ".join(proc.key_columns)
     what = f"deploy: procedure {proc.name!r} (PARTITION ON ({listed}))"
-    schema = cat.stream_schemas[stream]
-    declared = dict(cat.streams[stream].columns)
+    declared = dict(input_stream.columns)
     for col in proc.key_columns:
         if col not in schema.names:
             raise InvalidArgument(
@@ -77,22 +77,22 @@ def check(cat: Catalog, proc: ProcedureDef, fired_triggers: list[str]) -> None:
                 f"{what}: column {col!r} of stream {stream!r} is {declared[col]}; key columns hold integers, "
                 "strings, dates or timestamps, or lists of them (e.g. BIGINT[])"
             )
-    partition_by = cat.streams[stream].partition_by
+    partition_by = input_stream.partition_by
     if partition_by:
         raise InvalidArgument(
             f"{what}: stream {stream!r} is PARTITION BY ({partition_by}), which places the procedure already; "
             "drop one of the two"
         )
-    others = sorted(p.name for p in cat.procedures.values() if p.on_stream == stream and p.name != proc.name)
+    others = sorted(p for p in flow.consumers[stream] if p != proc.name)
     if others:
         raise InvalidArgument(
             f"{what}: it must be the only consumer of stream {stream!r}, which {', '.join(others)} consumes too"
         )
-    group = cat.group_of(proc.name)
+    group = flow.group_of(proc.name)
     if group is not None:
         raise InvalidArgument(f"{what}: it cannot be in transaction group {group!r}")
-    if fired_triggers:
+    if fired:
         raise InvalidArgument(
-            f"{what}: EE trigger {fired_triggers[0]!r} fires on a stream it emits; its TEs may span partitions, "
+            f"{what}: EE trigger {fired[0]!r} fires on a stream it emits; its TEs may span partitions, "
             "where EE triggers on its outputs are not supported: consume that stream with a procedure"
         )

@@ -34,8 +34,8 @@ partitions or on none.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sqlglot import exp
 from sqlglot.errors import ParseError
@@ -43,9 +43,9 @@ from sqlglot.errors import ParseError
 from streamtx.errors import InvalidArgument
 from streamtx.server import sqltree
 from streamtx.server.catalog import eventkeys
-
-if TYPE_CHECKING:
-    from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.bind import Plan, Schemas
+from streamtx.server.catalog.defs import ProcedureDef, StreamDef, TableDef, TriggerDef
+from streamtx.server.catalog.graph import Dataflow
 
 PARTITIONED = "partitioned"
 REPLICATED = "replicated"
@@ -109,25 +109,39 @@ class Placement:
         return self.streams.get(stream)
 
 
-def derive(cat: Catalog) -> Placement:
-    """Computes the placement of a catalog; raises InvalidArgument for code that cannot be placed."""
+def derive(
+    tables: Mapping[str, TableDef],
+    streams: Mapping[str, StreamDef],
+    procedures: Mapping[str, ProcedureDef],
+    triggers: Mapping[str, TriggerDef],
+    plans: Mapping[str, Plan],
+    trigger_plans: Mapping[str, Plan],
+    flow: Dataflow,
+    schemas: Schemas,
+) -> Placement:
+    """Computes the placement of a catalog; raises InvalidArgument for code that cannot be placed.
+
+    It weighs every definition, plan and edge of the graph: where code runs
+    follows from the tables its statements touch, the streams that feed it and
+    the triggers it fires.
+    """
     pl = Placement()
-    for t in cat.tables.values():
+    for t in tables.values():
         pl.tables[t.name] = PARTITIONED if t.partition_by else (REPLICATED if t.replicated else SINGLE)
-    for s in cat.streams.values():
+    for s in streams.values():
         pl.streams[s.name] = s.partition_by
-    names = set(cat.tables)
+    names = set(tables)
     stmt_access = {
         name: [statement_access(c.source, names) for c in plan.statements]
-        for name, plan in [*cat.plans.items(), *((f"trigger {k}", v) for k, v in cat.trigger_plans.items())]
+        for name, plan in [*plans.items(), *((f"trigger {k}", v) for k, v in trigger_plans.items())]
     }
 
     def fired_triggers(proc: str) -> set[str]:
         out: set[str] = set()
-        for w in cat.owned_windows(proc):
-            out |= set(cat.triggers_on("window", w))
-        for s in cat.emitted_by(proc):
-            out |= set(cat.triggers_on("stream", s))
+        for w in flow.owned_windows(proc):
+            out |= set(flow.triggers_on("window", w))
+        for s in flow.emitted_by(proc):
+            out |= set(flow.triggers_on("stream", s))
         return out
 
     def access_of(units: list[str]) -> Access:
@@ -137,10 +151,11 @@ def derive(cat: Catalog) -> Placement:
                 acc |= a
         return acc
 
-    for proc in cat.procedures.values():
+    for proc in procedures.values():
         if proc.key_columns:
             assert proc.on_stream is not None
-            eventkeys.check(cat, proc, sorted(fired_triggers(proc.name)))
+            stream = proc.on_stream
+            eventkeys.check(proc, streams[stream], schemas.streams[stream], flow, sorted(fired_triggers(proc.name)))
             pl.procedures[proc.name] = EVENT_KEYED
             pl.event_keys[proc.name] = tuple(proc.key_columns)
             continue
@@ -150,8 +165,8 @@ def derive(cat: Catalog) -> Placement:
             base, key = PARTITIONED, proc.partition_on
         else:
             base, key = SINGLE, None
-        triggers = sorted(fired_triggers(proc.name))
-        acc = access_of([proc.name, *(f"trigger {t}" for t in triggers)])
+        fired = sorted(fired_triggers(proc.name))
+        acc = access_of([proc.name, *(f"trigger {t}" for t in fired)])
         if base == PARTITIONED:
             assert key is not None
             pl.keys[proc.name] = key
@@ -176,21 +191,21 @@ def derive(cat: Catalog) -> Placement:
         )
         pl.procedures[proc.name] = EVERYWHERE if spans else SINGLE
         if spans:
-            for unit in [proc.name, *(f"trigger {t}" for t in triggers)]:
+            for unit in [proc.name, *(f"trigger {t}" for t in fired)]:
                 pl.home_only[unit] = frozenset(
                     i for i, a in enumerate(stmt_access.get(unit, [])) if not _spans(a, pl.tables)
                 )
                 _check_spanning_reads(proc.name, unit, stmt_access.get(unit, []), pl.tables)
-                plan = cat.plans.get(unit) or cat.trigger_plans[unit.split(" ", 1)[1]]
+                plan = plans.get(unit) or trigger_plans[unit.split(" ", 1)[1]]
                 rewrites = {}
                 for i, compiled in enumerate(plan.statements):
-                    sql = owned_insert(compiled.source, cat)
+                    sql = owned_insert(compiled.source, tables, schemas)
                     if sql is not None:
                         rewrites[i] = sql
                 if rewrites:
                     pl.owned_inserts[unit] = rewrites
-    for trig in cat.triggers.values():
-        if trig.target_kind == "stream" and pl.streams.get(trig.target) and cat.is_border(trig.target):
+    for trig in triggers.values():
+        if trig.target_kind == "stream" and pl.streams.get(trig.target) and flow.is_border(trig.target):
             for t in sorted(access_of([f"trigger {trig.name}"]).reads | access_of([f"trigger {trig.name}"]).writes):
                 if pl.tables[t] == SINGLE:
                     raise InvalidArgument(
@@ -198,14 +213,14 @@ def derive(cat: Catalog) -> Placement:
                         f"partition of each batch's keys, but table {t!r} lives on one partition; declare it "
                         "REPLICATED or PARTITION BY a column"
                     )
-    for s in cat.streams:
-        pl.push_mode[s] = _mode(cat, pl, [(s, pl.streams[s])], pl.streams[s] is not None)
-        consumers = cat.consumers.get(s, [])
-        if len(consumers) == 1 and pl.procedures[consumers[0]] == EVENT_KEYED and not cat.triggers_on("stream", s):
-            if all(not cat.consumers.get(out) for out in cat.emitted_by(consumers[0])):
+    for s in streams:
+        pl.push_mode[s] = _mode(flow, pl, [(s, pl.streams[s])], pl.streams[s] is not None)
+        consumers = flow.consumers.get(s, [])
+        if len(consumers) == 1 and pl.procedures[consumers[0]] == EVENT_KEYED and not flow.triggers_on("stream", s):
+            if all(not flow.consumers.get(out) for out in flow.emitted_by(consumers[0])):
                 pl.push_mode[s] = EVENT_KEYED
                 pl.stream_keys[s] = pl.event_keys[consumers[0]]
-    for proc in cat.procedures.values():
+    for proc in procedures.values():
         if proc.on_stream is not None:
             continue
         keyed = pl.procedures[proc.name] == PARTITIONED
@@ -213,8 +228,8 @@ def derive(cat: Catalog) -> Placement:
             pl.call_mode[proc.name] = COORDINATED
             continue
         key = pl.keys.get(proc.name)
-        outs = [(t, key) for t in sorted(cat.emitted_by(proc.name))]
-        pl.call_mode[proc.name] = _mode(cat, pl, outs, keyed)
+        outs = [(t, key) for t in sorted(flow.emitted_by(proc.name))]
+        pl.call_mode[proc.name] = _mode(flow, pl, outs, keyed)
     return pl
 
 
@@ -223,7 +238,7 @@ def owner_filter(key_type: str) -> str:
     return "streamtx_mine_" + key_type.lower().replace(" ", "_")
 
 
-def owned_insert(sql: str, cat: Catalog) -> str | None:
+def owned_insert(sql: str, tables: Mapping[str, TableDef], schemas: Schemas) -> str | None:
     """`INSERT INTO t ... <rows>` of a partitioned t as `INSERT INTO t ... SELECT * FROM (<rows>) WHERE mine(key)`.
 
     An everywhere TE runs such an INSERT on every partition; each must keep
@@ -240,18 +255,18 @@ def owned_insert(sql: str, cat: Catalog) -> str | None:
     if isinstance(target, exp.Schema):
         listed = [c.name for c in target.expressions]
         target = target.this
-    if not isinstance(target, exp.Table) or target.db or target.name not in cat.tables:
+    if not isinstance(target, exp.Table) or target.db or target.name not in tables:
         return None
-    table = cat.tables[target.name]
+    table = tables[target.name]
     if not table.partition_by:
         return None
-    names = listed or cat.table_columns[table.name]
+    names = listed or schemas.table_columns[table.name]
     if table.partition_by not in names:
         return None
     aliases = [exp.to_identifier(f"c{i}") for i in range(len(names))]
     key = f"__rows.c{names.index(table.partition_by)}"
     rows = exp.Subquery(this=tree.expression, alias=exp.TableAlias(this=exp.to_identifier("__rows"), columns=aliases))
-    mine = f"{owner_filter(cat.table_key_types[table.name])}({key})"
+    mine = f"{owner_filter(schemas.table_key_types[table.name])}({key})"
     tree.set("expression", exp.select("*").from_(rows).where(mine))
     return tree.sql(dialect="duckdb")
 
@@ -280,13 +295,13 @@ def _spans(a: Access, tables: dict[str, str]) -> bool:
     return any(tables[t] == PARTITIONED for t in a.reads | a.writes) or any(tables[t] == REPLICATED for t in a.writes)
 
 
-def _mode(cat: Catalog, pl: Placement, start: list[tuple[str, str | None]], keyed: bool) -> str:
+def _mode(flow: Dataflow, pl: Placement, start: list[tuple[str, str | None]], keyed: bool) -> str:
     """HOME, KEYED or COORDINATED for a command whose first outputs are `start` (stream, key it carries)."""
     seen: set[str] = set()
     todo = list(start)
     while todo:
         stream, key = todo.pop()
-        for q in cat.consumers.get(stream, []):
+        for q in flow.consumers.get(stream, []):
             kind = pl.procedures[q]
             if kind == EVERYWHERE:
                 return COORDINATED
@@ -298,6 +313,6 @@ def _mode(cat: Catalog, pl: Placement, start: list[tuple[str, str | None]], keye
             if q in seen:
                 continue
             seen.add(q)
-            for t in sorted(cat.emitted_by(q)):
+            for t in sorted(flow.emitted_by(q)):
                 todo.append((t, pl.keys.get(q)))
     return KEYED if keyed else HOME

@@ -26,7 +26,8 @@ from streamtx.errors import (
 )
 from streamtx.server import protocol as pr
 from streamtx.server import sqltree
-from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.physical import create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
@@ -96,7 +97,7 @@ class Front:
         recovered = await self.partitions.broadcast(pr.Recover(chosen, infos[HOME].done))
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
-        ddl = [s.sql for s in create_statements(self.catalog)]
+        ddl = [s.sql for s in create_statements(self.catalog.relations())]
         await self.partitions.broadcast(pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True))
         for marks, _ in await self.partitions.broadcast(pr.ReadMarks()):
             self.sequencer.load_marks(marks.marks, marks.last_ts)

@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
 from streamtx.recovery.checkpoint import list_checkpoints
-from streamtx.server.catalog.catalog import Catalog, create_statements
+from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+from streamtx.server.catalog.physical import create_statements
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
@@ -43,7 +44,7 @@ def begin(engine: Engine, lsn: int, ts: int) -> tuple[Snapshot, dict[str, Any]]:
 def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) -> None:
     meta = ckpt.meta
     catalog = Catalog.from_json(meta["catalog"], engine.loader.resolve)
-    engine.install(meta["catalog"], [s.sql for s in create_statements(catalog)], meta["map"])
+    engine.install(meta["catalog"], [s.sql for s in create_statements(catalog.relations())], meta["map"])
     restore_into(engine.con, ckpt, replace=True)
     engine.trimmed_through = {k: int(v) for k, v in meta["trimmed_through"].items()}
     engine.windows.load()

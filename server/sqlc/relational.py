@@ -8,9 +8,8 @@ integers is a HUGEINT, an error past 128 bits.
 
 from __future__ import annotations
 
-from typing import Any
-
 import builtins
+from typing import Any
 
 from streamtx.server.sqlc import runtime
 from streamtx.server.sqlc.ctx import one, opt
