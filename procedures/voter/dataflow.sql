@@ -57,14 +57,17 @@ CREATE PROCEDURE leaderboard ON STREAM validated AS BEGIN
         ON CONFLICT DO UPDATE SET num_votes = contestant_votes.num_votes + excluded.num_votes;
     UPDATE vote_counter SET total = total + (SELECT count(*) FROM validated) WHERE id = 1;
     DELETE FROM leaderboard WHERE board IN ('top', 'bottom');
-    INSERT INTO leaderboard  -- both boards in one statement: each contestant's rank on each
-        SELECT board, r, contestant_number, n FROM (
-            SELECT unnest(['top', 'bottom']) AS board, unnest([top, bottom]) AS r, contestant_number, n FROM (
-                SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
-                       row_number() OVER (ORDER BY coalesce(v.num_votes, 0) DESC, c.contestant_number) AS top,
-                       row_number() OVER (ORDER BY coalesce(v.num_votes, 0), c.contestant_number) AS bottom
-                FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
-            )
+    INSERT INTO leaderboard
+        SELECT 'top', r, contestant_number, n FROM (
+            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
+                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0) DESC, c.contestant_number) AS r
+            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
+        ) WHERE r <= 3;
+    INSERT INTO leaderboard
+        SELECT 'bottom', r, contestant_number, n FROM (
+            SELECT c.contestant_number, coalesce(v.num_votes, 0) AS n,
+                   row_number() OVER (ORDER BY coalesce(v.num_votes, 0), c.contestant_number) AS r
+            FROM contestants c LEFT JOIN contestant_votes v ON v.contestant_number = c.contestant_number
         ) WHERE r <= 3;
     INSERT INTO to_delete
         SELECT contestant_number FROM (

@@ -54,6 +54,14 @@ class Ctx:
         """The row of `table` with primary key `key` (a tuple for a composite key), or None."""
         return self.store.row(table, key)
 
+    def many(self, table: str, keys: Iterable[Key]) -> Iterator[Row]:
+        """The rows of `table` with the given keys (each once; NULLs and missing keys give none)."""
+        get = self.store.row
+        for key in dict.fromkeys(k for k in keys if k is not None):
+            row = get(table, key)
+            if row is not None:
+                yield row
+
     def scan(self, table: str) -> Iterator[Row]:
         rows = self.store.rows(table, SCAN_MAX)
         if rows is None:

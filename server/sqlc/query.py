@@ -247,8 +247,43 @@ class _Planner:
             return self._enter(src, remaining, body, depth)
         if side:
             raise Unsupported(f"LEFT JOIN {name}: not on its whole primary key")
+        keyset = self._key_set(rel, alias, on if on is not None else where)
+        if keyset is not None:
+            keys, used = keyset
+            (on if on is not None else where).remove(used)
+            src = Source(alias, var, cols, f"ctx.many({name!r}, {keys})", describe=f"{alias}: {name} by keys in a set")
+            return self._enter(src, on or [], body, depth)
         src = Source(alias, var, cols, f"ctx.scan({name!r})", describe=f"{alias}: scan of {name} (small tables only)")
         return self._enter(src, on or [], body, depth)
+
+    def _key_set(
+        self, rel: Relation, alias: str, conjuncts: list[exp.Expression] | None
+    ) -> tuple[str, exp.Expression] | None:
+        """`pk IN (list)` or `pk IN (subquery)` on a one-column key: the keys to look up, and the conjunct."""
+        if len(rel.key) != 1 or not conjuncts:
+            return None
+        pk, key_type = rel.key[0], rel.types[rel.key[0]]
+        for c in conjuncts:
+            col = c.this if isinstance(c, exp.In) else None
+            if not (isinstance(col, exp.Column) and col.name == pk and col.table in ("", alias)):
+                continue
+            if col.table == "" and not self._only_here(pk, alias):
+                continue
+            query = c.args.get("query")
+            try:
+                if query is not None:
+                    q = self._sub(query.this if isinstance(query, exp.Subquery) else query)
+                    if len(q.types) != 1 or not C.same_key_kind(q.types[0], key_type):
+                        continue
+                    if q.batch_var is not None and q.projections is not None:
+                        self.keys.append((rel.name, q.projections[0], q.batch_var))
+                    return f"_column({self._call(q)})", c
+                codes = [self._expr(e, self._row_env()) for e in c.expressions]
+            except Unsupported:
+                continue
+            if all(C.same_key_kind(code.type, key_type) for code in codes):
+                return "[" + ", ".join(code.source for code in codes) + "]", c
+        return None
 
     def _enter(self, src: Source, on: list[exp.Expression], body: list[str], depth: int) -> int:
         body.append(_indent(depth, f"for {src.var} in {src.loop}:"))

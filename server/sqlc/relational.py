@@ -43,6 +43,11 @@ def in_rows(value: Any, rows: list[tuple[Any, ...]]) -> bool | None:
     return None if seen_null else False
 
 
+def column(rows: list[tuple[Any, ...]]) -> list[Any]:
+    """The first column of a subquery's rows (the keys of `pk IN (subquery)`)."""
+    return [r[0] for r in rows]
+
+
 def dicts(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> list[dict[str, Any]]:
     return [dict(zip(names, r, strict=True)) for r in rows]
 
@@ -111,6 +116,7 @@ def namespace() -> dict[str, Any]:
             "_scalar": scalar,
             "_in_rows": in_rows,
             "_dicts": dicts,
+            "_column": column,
             "_sort_key": sort_key,
             "_number_rownumber": number_rownumber,
             "_number_rank": number_rank,

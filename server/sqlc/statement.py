@@ -251,39 +251,46 @@ class _Writer:
 
     def __call__(self, ctx: Ctx, rows: list[tuple[Any, ...]]) -> None:
         new_rows = [{c: (None if i is None else self.casts[i](r[i])) for c, i in self.positions} for r in rows]
-        for row in new_rows:
-            for c in self.not_null:
-                if row[c] is None:
-                    raise SqlError(f"Constraint Error: NOT NULL constraint failed: {self.table}.{c}")
         keys = [_key(row, self.key) for row in new_rows]
-        if len(set(keys)) < len(keys):
-            if self.conflict.mode == "error":
-                dup = next(k for k, n in _counts(keys).items() if n > 1)
-                raise SqlError(
-                    f"Constraint Error: PRIMARY KEY or UNIQUE constraint violation: duplicate key {_show(dup)}"
-                )
-            raise Fallback("several rows of one statement with one key")
         store = ctx.store
         mode = self.conflict.mode
-        writes: list[tuple[Any, dict[str, Any]]] = []
-        for key, row in zip(keys, new_rows, strict=True):
-            old = store.row(self.table, key)
-            if old is None or mode == "replace":
-                writes.append((key, row))
-            elif mode == "error":
-                raise SqlError(
-                    f"Constraint Error: PRIMARY KEY or UNIQUE constraint violation: duplicate key {_show(key)}"
-                )
-            elif mode == "update":
-                assert self.conflict.update is not None
-                updated = self.conflict.update(old, row, ctx.params)
-                if updated is not None:
-                    for c in self.not_null:
-                        if updated[c] is None:
-                            raise SqlError(f"Constraint Error: NOT NULL constraint failed: {self.table}.{c}")
-                    writes.append((key, updated))
+        if mode == "error":  # DuckDB's order: a key the table holds, then NOT NULL, then keys repeated
+            for key in keys:
+                if not _has_null(key) and store.row(self.table, key) is not None:
+                    raise SqlError(
+                        f'Constraint Error: Duplicate key "{_named(self.key, key)}" violates primary key constraint.'
+                    )
+            self._not_null(new_rows)
+            seen: set[Any] = set()
+            for key in keys:
+                if key in seen:
+                    raise SqlError(
+                        f'Constraint Error: PRIMARY KEY or UNIQUE constraint violation: duplicate key "{_plain(key)}"'
+                    )
+                seen.add(key)
+            writes = list(zip(keys, new_rows, strict=True))
+        else:
+            if len(set(keys)) < len(keys):
+                raise Fallback("several rows of one statement with one key")
+            writes = []
+            for key, row in zip(keys, new_rows, strict=True):
+                old = None if _has_null(key) else store.row(self.table, key)
+                if old is None or mode == "replace":
+                    writes.append((key, row))
+                elif mode == "update":
+                    assert self.conflict.update is not None
+                    updated = self.conflict.update(old, row, ctx.params)
+                    if updated is not None:
+                        writes.append((key, updated))
+            self._not_null([row for _, row in writes])
         for key, row in writes:
             store.put(self.table, key, row)
+
+    def _not_null(self, rows: list[dict[str, Any]]) -> None:
+        """NOT NULL, a constraint at a time over all rows, in the order DuckDB checks its constraints."""
+        for c in self.not_null:
+            if any(row[c] is None for row in rows):
+                raise SqlError(f"Constraint Error: NOT NULL constraint failed: {self.table}.{c}")
 
 
 # ------------------------------------------------------------------ UPDATE
@@ -317,13 +324,12 @@ def _update(tree: exp.Update, names: Names, gen: _Gen) -> Statement:
     not_null = [set_at[c] for c in rel.not_null if c in set_at]  # in the order DuckDB checks them
 
     def update(ctx: Ctx) -> Result:
-        changes = []
-        for r in fn(ctx):
-            values = [cast(v) for cast, v in zip(casts, r[n:], strict=True)]
-            for i in not_null:
-                if values[i] is None:
-                    raise SqlError(f"Constraint Error: NOT NULL constraint failed: {rel.name}.{sets[i][0]}")
-            changes.append((r[0] if n == 1 else tuple(r[:n]), values))
+        changes = [
+            (r[0] if n == 1 else tuple(r[:n]), [cast(v) for cast, v in zip(casts, r[n:], strict=True)]) for r in fn(ctx)
+        ]
+        for i in not_null:  # a constraint at a time over all rows, as DuckDB checks them
+            if any(values[i] is None for _, values in changes):
+                raise SqlError(f"Constraint Error: NOT NULL constraint failed: {rel.name}.{sets[i][0]}")
         store = ctx.store
         for key, values in changes:
             old = store.row(rel.name, key)
@@ -421,12 +427,19 @@ def _key(row: dict[str, Any], key: tuple[str, ...]) -> Any:
     return row[key[0]] if len(key) == 1 else tuple(row[k] for k in key)
 
 
-def _counts(keys: list[Any]) -> dict[Any, int]:
-    out: dict[Any, int] = {}
-    for k in keys:
-        out[k] = out.get(k, 0) + 1
-    return out
+def _has_null(key: Any) -> bool:
+    return key is None or (isinstance(key, tuple) and any(k is None for k in key))
 
 
-def _show(key: Any) -> str:
-    return f'"{", ".join(map(str, key))}"' if isinstance(key, tuple) else f'"{key}"'
+def _text(v: Any) -> str:
+    """A value as DuckDB's messages print it."""
+    return ("true" if v else "false") if isinstance(v, bool) else str(v)
+
+
+def _named(columns: tuple[str, ...], key: Any) -> str:
+    values = key if isinstance(key, tuple) else (key,)
+    return ", ".join(f"{c}: {_text(v)}" for c, v in zip(columns, values, strict=True))
+
+
+def _plain(key: Any) -> str:
+    return ", ".join(map(_text, key)) if isinstance(key, tuple) else _text(key)
