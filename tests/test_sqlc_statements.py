@@ -11,6 +11,8 @@ stored output must be identical (`streamtx.testing.run`).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,6 +20,8 @@ from hypothesis import strategies as st
 from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.statement import compile_statement
 from streamtx.testing import Harness, run
+
+EXAMPLES = int(os.environ.get("SQLC_EXAMPLES", "60"))  # more: a longer hunt
 
 SCHEMA = """
 CREATE TABLE kv (k INTEGER PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR);
@@ -97,7 +101,7 @@ def deploy(body: list[str]) -> str:
     return SCHEMA + "CREATE PROCEDURE p ON STREAM ins AS BEGIN\n" + "".join(f"    {s};\n" for s in body) + "END;\n"
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     body=st.lists(statements(), min_size=1, max_size=3),
     batches=st.lists(st.lists(ROW, min_size=1, max_size=4), min_size=1, max_size=6),

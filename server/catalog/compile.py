@@ -64,6 +64,8 @@ class Compiled:
     returns_rows: bool
     source: str
     copies: tuple[str, ...] | None = None
+    writes: frozenset[str] | None = frozenset()
+    """The user tables it may write (None: it cannot be told): what the working set must forget after it."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,21 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
     if isinstance(tree, exp.Insert):
         _check_not_stream_write(tree, scope, where)
     returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
-    return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql)
+    return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql, writes=_written(tree))
+
+
+def _written(tree: exp.Expression) -> frozenset[str] | None:
+    """The tables a statement's INSERT, UPDATE or DELETE names (None: a statement of another kind writes)."""
+    if not isinstance(tree, exp.Query | exp.Insert | exp.Update | exp.Delete):
+        return None
+    found: set[str] = set()
+    for node in tree.walk():
+        if isinstance(node, exp.Insert | exp.Update | exp.Delete):
+            target = node.this.this if isinstance(node.this, exp.Schema) else node.this
+            if not isinstance(target, exp.Table):
+                return None
+            found.add(target.name)
+    return frozenset(found)
 
 
 def _compile_emit(

@@ -73,6 +73,14 @@ class WorkingSet:
         self.complete = set()
         self.epoch += 1
 
+    def drop(self, tables: frozenset[str]) -> None:
+        """Forgets the rows of `tables` (written back already), inside a transaction too: SQL is about to
+        change them. The containers are replaced, not emptied, so a rollback returns to those `begin` saw."""
+        self.rows = {t: rows for t, rows in self.rows.items() if t not in tables}
+        self.absent = {t: keys for t, keys in self.absent.items() if t not in tables}
+        self.complete = self.complete - tables
+        self.epoch += 1
+
     def forget(self, table: str) -> None:
         """Drops one table's rows, written back already (none dirty); not inside a transaction."""
         assert not self.dirty.get(table) and self.undo is None

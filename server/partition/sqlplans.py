@@ -85,7 +85,8 @@ class SqlPlans:
             return Choice(None, "a copy of input columns: taken from the batch's Arrow table")
         try:
             names = self._names(unit)
-            return Choice(compile_statement(compiled.source, names, compiled.returns_rows))
+            results = compiled.returns_rows and names.input_stream is None  # only a call returns its results
+            return Choice(compile_statement(compiled.source, names, results))
         except Unsupported as e:
             return Choice(None, str(e))
 

@@ -537,11 +537,18 @@ class StateStore:
         collist = ", ".join(quote(c) for c in cols)
         self.engine.con.execute(f"{verb} INTO {quote(table)} ({collist}) SELECT {collist} FROM {name}")
 
-    def barrier(self) -> None:
-        """Before SQL that may read or write the tables: write everything back, then forget the working set."""
+    def barrier(self, writes: frozenset[str] | None = None) -> None:
+        """Before SQL that may read or write the tables: write everything back, then forget what it may change.
+
+        `writes` names the tables the statement may write (None: any); the
+        rows held of the others stay valid, as DuckDB holds them too.
+        """
         if self.ws.rows or self.pending:
             self.flush()
-            self.ws.clear()
+            if writes is None:
+                self.ws.clear()
+            elif writes:
+                self.ws.drop(writes)
 
     def flush(self) -> None:
         """Writes everything held back, inside the open transaction: dirty rows, retained outputs, trims, marks.

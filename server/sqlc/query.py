@@ -150,8 +150,9 @@ class _Planner:
             body.append(_indent(depth, f"if ({code.source}) is not True: continue"))
         if conjuncts:
             self.describe.append("filter: " + " AND ".join(c.sql("duckdb") for c in conjuncts))
+        having = sel.args.get("having")
         grouped = bool(sel.args.get("group")) or any(
-            e.find(*AGGREGATES) for e in sel.expressions if not _inside_window(e.find(*AGGREGATES))
+            _own_aggregates(e) for e in [*sel.expressions, *([having.this] if having is not None else [])]
         )
         fn = self.gen.name("q")
         row_vars = [s.var for s in self.sources]
@@ -437,10 +438,8 @@ class _Planner:
                 raise Unsupported(f"GROUP BY {k.sql('duckdb')}: floating point keys run in DuckDB (NaN groups)")
         aggs: list[exp.Expression] = []
         for node in [*(e for _, e in items), *(_having_and_order(sel))]:
-            for agg in node.find_all(*AGGREGATES):
-                if not _inside_window(agg) and all(agg is not a for a in aggs):
-                    if any(agg.sql() == a.sql() for a in aggs):
-                        continue
+            for agg in _own_aggregates(node):
+                if not any(agg.sql() == a.sql() for a in aggs):
                     aggs.append(agg)
         specs = [_aggregate(a, row_env) for a in aggs]
         key_tuple = f"({''.join(c.source + ', ' for c in key_codes)})"
@@ -797,6 +796,26 @@ def _having_and_order(sel: exp.Select) -> list[exp.Expression]:
     if order is not None:
         out += [o.this for o in order.expressions]
     return out
+
+
+def _own_aggregates(node: exp.Expression) -> list[exp.Expression]:
+    """The aggregate calls of this query level: not those of a subquery, nor a window function itself."""
+    found: list[exp.Expression] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, exp.Window):  # its function is not an aggregate of this level; its ORDER BY may hold one
+            todo += [*(n.args.get("partition_by") or []), *([n.args["order"]] if n.args.get("order") else [])]
+            continue
+        if isinstance(n, AGGREGATES):
+            found.append(n)
+            continue
+        if isinstance(n, exp.Subquery | exp.Select | exp.Exists) or (isinstance(n, exp.In) and n.args.get("query")):
+            if isinstance(n, exp.In):
+                todo.append(n.this)
+            continue
+        todo += [c for c in n.iter_expressions()]
+    return found
 
 
 def _inside_window(node: exp.Expression | None) -> bool:
