@@ -1,13 +1,15 @@
 """Voter with leaderboards: server-side dataflow vs client-ordered synchronous calls.
 
-Two embedded servers run the voter application of WORKLOADS.md section 1 side
+Three embedded servers run the voter application of WORKLOADS.md section 1 side
 by side: one deploys it as an S-Store dataflow (procedures/voter/dataflow.sql;
 one pipelined producer pushes atomic batches, PE triggers run the three
-procedures in order), the other as H-Store-style OLTP procedures that the
-client calls one after another for every vote of a batch (client_ordered.sql/.py:
-the rules are per vote, so a client that orders the steps itself must make its
-calls vote by vote). Throughput is in input batches per second, at batch sizes
-1 and 100, interleaved for several rounds.
+procedures in order), one the same dataflow with every SQL statement run in
+DuckDB (`--sql-compiler off`: what compiling the procedures gains), and one as
+H-Store-style OLTP procedures that the client calls one after another for
+every vote of a batch (client_ordered.sql/.py: the rules are per vote, so a
+client that orders the steps itself must make its calls vote by vote).
+Throughput is in input batches per second, at batch sizes 1 and 100,
+interleaved for several rounds.
 
 Two more servers run the voter as state procedures (procedures/voter/state.sql
 and state.py, `deploy_script(mode="state")`), one under `--executor serial`,
@@ -53,11 +55,14 @@ from .common import (
 )
 
 NAME = "voter"
-MODES = ("dataflow", "client_ordered")
+MODES = ("dataflow", "dataflow_duckdb", "client_ordered")
+SCRIPTS = {"dataflow": "dataflow", "dataflow_duckdb": "dataflow", "client_ordered": "client_ordered"}
+"""Each mode's deploy script: dataflow_duckdb is the same dataflow on a server with --sql-compiler off."""
 STATE_EXECUTORS = ("serial", "opchain")
 DEFAULT_SIZES = (1, 100)
 DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 2
+COMPILED_OVER_DUCKDB_TARGET = 1.0  # compiling a procedure never makes it slower
 DATAFLOW_OVER_CLIENT_TARGET = 5.0  # S-Store: 2,200 vs 210 batches/s with all guarantees
 OPCHAIN_TARGET = 5_300.0  # batches/s, 1-vote batches, one pipelined client (H-Store's asynchronous anchor)
 STATE_BATCHES = {"serial": 600, "opchain": 5_000}  # 1-vote batches per state run: ~10 s and ~3 s
@@ -208,6 +213,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     with ExitStack() as stack:
         servers = {
             "dataflow": stack.enter_context(EmbeddedServer(executor=args.executor, extra_args=retain)),
+            "dataflow_duckdb": stack.enter_context(
+                EmbeddedServer(executor=args.executor, extra_args=[*retain, "--sql-compiler", "off"])
+            ),
             "client_ordered": stack.enter_context(EmbeddedServer(executor=args.executor)),
         }
         if args.state:
@@ -221,7 +229,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 )
         for name, srv in servers.items():
             with Client(srv.target) as c:
-                c.deploy(deploy_script(config, "state" if name.startswith("state-") else name))
+                c.deploy(deploy_script(config, "state" if name.startswith("state-") else SCRIPTS[name]))
                 c.call("setup", **setup_params(config))
         for cfg in configs:  # untimed: code paths, caches and the working set warm, as in a long-running server
             n = warmups.get(cfg.server, 0)
@@ -278,12 +286,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if cfg.mode == "state":
             line["max_in_flight"] = args.state_max_in_flight
         lines.append(line)
-    equal = states["dataflow"] == states["client_ordered"]
+    equal = states["dataflow"] == states["client_ordered"] == states["dataflow_duckdb"]
     lines.append({"benchmark": NAME, "states_equal": equal, "votes": total_votes})
-    note(f"bench voter: final tables of both modes {'equal' if equal else 'DIFFER'}", args.quiet)
+    note(f"bench voter: final tables of the three modes {'equal' if equal else 'DIFFER'}", args.quiet)
     for n in args.batch_sizes:
         flow = next(x for x in lines if x.get("mode") == "dataflow" and x["batch_size"] == n)
+        duck = next(x for x in lines if x.get("mode") == "dataflow_duckdb" and x["batch_size"] == n)
         client = next(x for x in lines if x.get("mode") == "client_ordered" and x["batch_size"] == n)
+        lines.append(
+            ratio_line(
+                NAME,
+                flow["batches_per_s"] / duck["batches_per_s"],
+                COMPILED_OVER_DUCKDB_TARGET,
+                f"batches/s dataflow with SQL compiled (--sql-compiler on), {n}-vote batches",
+                f"batches/s the same dataflow with every statement in DuckDB (--sql-compiler off), {n}-vote batches",
+                batch_size=n,
+                numerator_value=flow["batches_per_s"],
+                denominator_value=duck["batches_per_s"],
+            )
+        )
         lines.append(
             ratio_line(
                 NAME,
@@ -319,7 +340,8 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
     lines = [r for r in records if "mode" in r]
     sizes = sorted({r["batch_size"] for r in lines})
     kinds = [
-        ("server-side dataflow", "dataflow", None),
+        ("server-side dataflow, SQL compiled", "dataflow", None),
+        ("server-side dataflow, SQL in DuckDB", "dataflow_duckdb", None),
         ("client-ordered calls", "client_ordered", None),
         ("state procedures, serial", "state", "serial"),
         ("state procedures, opchain", "state", "opchain"),

@@ -158,7 +158,7 @@ def test_bench_push_quick(tmp_path, capsys):
 
 
 def test_bench_voter_small_run_checks_every_server_against_the_reference(capsys):
-    """Warm-up and timed rounds of all four servers, each checked against the reference after every run.
+    """Warm-up and timed rounds of all five servers, each checked against the reference after every run.
 
     A deletion every 7 votes falls inside 4-vote batches, so a server that took
     a batch's votes together rather than one at a time would fail the verb.
@@ -170,6 +170,8 @@ def test_bench_voter_small_run_checks_every_server_against_the_reference(capsys)
     assert {(x["mode"], x["batch_size"]) for x in measured} == {
         ("dataflow", 1),
         ("dataflow", 4),
+        ("dataflow_duckdb", 1),
+        ("dataflow_duckdb", 4),
         ("client_ordered", 1),
         ("client_ordered", 4),
         ("state", 1),
