@@ -142,7 +142,7 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
         declared = ", ".join(sorted(scope.params)) or "none"
         raise InvalidArgument(f"{where}: unknown parameter ${unknown[0]} (declared parameters: {declared})")
 
-    types = dict(scope.param_types)
+    types = {**dict.fromkeys(TS_PARAMS, "BIGINT"), **dict(scope.param_types)}  # `$ts` is a BIGINT, whatever its value
     for p in list(tree.find_all(exp.Placeholder)):
         if p.name in types:  # a declared parameter has its declared type, whatever Python value comes
             p.replace(exp.Cast(this=p.copy(), to=exp.DataType.build(types[p.name], dialect="duckdb")))

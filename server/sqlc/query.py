@@ -82,6 +82,7 @@ class Query:
     keys: list[tuple[str, str, str]] = field(default_factory=list)  # (table, key source, batch row variable)
     batch_var: str | None = None  # the variable of the input batch's row, if the batch is the only source
     projections: list[str] | None = None  # each output column's source over the rows (ungrouped queries)
+    single_row: bool = False  # at most one row whatever the data (an aggregate without GROUP BY, a key lookup)
 
 
 class _Gen:
@@ -145,9 +146,7 @@ class _Planner:
             self.describe.append("no FROM: one row")
         for join in sel.args.get("joins") or []:
             depth = self._join(join, conjuncts, body, depth)
-        for c in conjuncts:
-            code = self._expr(c, self._row_env())
-            body.append(_indent(depth, f"if ({code.source}) is not True: continue"))
+        body += self._filter(conjuncts, depth)
         if conjuncts:
             self.describe.append("filter: " + " AND ".join(c.sql("duckdb") for c in conjuncts))
         having = sel.args.get("having")
@@ -166,6 +165,9 @@ class _Planner:
         header = [f"def {fn}(ctx{''.join(', ' + v for v in outer_vars)}):", "    P = ctx.params", "    E = []"]
         source = "\n".join([*(s.source for s in self.subqueries), *header, *self.hoisted, *body, *tail])
         batch_var = self.sources[0].var if len(self.sources) == 1 and self.sources[0].loop == "ctx.batch" else None
+        single = (grouped and not sel.args.get("group")) or (
+            len(self.sources) == 1 and self.sources[0].loop.startswith("_one(") and not _windows(sel)
+        )
         return Query(
             out_names,
             out_types,
@@ -177,6 +179,7 @@ class _Planner:
             self.keys,
             batch_var,
             None if grouped else self.projections,
+            single,
         )
 
     # ---------------------------------------------------------------- FROM
@@ -217,7 +220,7 @@ class _Planner:
             src = Source(alias, var, cols, loop, describe=f"subquery {alias}")
             self.describe += [f"  {line}" for line in q.describe]
             return self._enter(src, on or [], body, depth)
-        if not isinstance(node, exp.Table) or node.db:
+        if not isinstance(node, exp.Table) or node.db or not node.name:
             raise Unsupported(f"FROM {node.sql('duckdb')} runs in DuckDB")
         name = node.name
         if name in self.names.unsupported:
@@ -291,10 +294,27 @@ class _Planner:
         self.sources.append(src)
         self.describe.append(src.describe)
         depth += 1
-        for c in list(on):
-            code = self._expr(c, self._row_env())
-            body.append(_indent(depth, f"if ({code.source}) is not True: continue"))
+        body += self._filter(list(on), depth)
         return depth
+
+    def _filter(self, conjuncts: list[exp.Expression], depth: int) -> list[str]:
+        """Lines skipping the rows `conjuncts` do not all hold for.
+
+        A condition that may raise an error is evaluated with the others on every row
+        (DuckDB may evaluate the conjuncts in any order, so an error it meets is met here
+        too, and DuckDB then runs the statement). In a join, where DuckDB may also
+        evaluate it before or after joining, or only on the rows an index finds, such a
+        condition runs in DuckDB: it is compiled over the batch, a scan or a subquery alone.
+        """
+        codes = [self._expr(c, self._row_env()) for c in conjuncts]
+        if not any(c.fails for c in codes):
+            return [_indent(depth, f"if ({c.source}) is not True: continue") for c in codes]
+        whole = ("ctx.batch", "ctx.scan(", "_dicts(")
+        if len(self.sources) + len(self.outer) > 1 or not self.sources[0].loop.startswith(whole):
+            bad = next(c for c, code in zip(conjuncts, codes, strict=True) if code.fails)
+            raise Unsupported(f"{bad.sql('duckdb')} may raise an error in a join's condition: it runs in DuckDB")
+        values = "".join(f"{c.source}, " for c in codes)
+        return [_indent(depth, f"if not all(_x is True for _x in ({values})): continue")]
 
     def _pinned(
         self, rel: Relation, alias: str, conjuncts: list[exp.Expression] | None
@@ -377,7 +397,7 @@ class _Planner:
             q = self._sub(node.this)
             if len(q.types) != 1:
                 raise Unsupported("a scalar subquery must select one column")
-            return Code(f"_scalar({self._call(q)})", q.types[0], True)
+            return Code(f"_scalar({self._call(q)})", q.types[0], not q.single_row)
         raise Unsupported(f"{type(node).__name__} runs in DuckDB")
 
     def _sub(self, select: exp.Expression) -> Query:

@@ -1,9 +1,11 @@
 """What generated query code calls besides scalar helpers: subquery results, ordering, numbering, aggregates.
 
-Each follows DuckDB: a scalar subquery of several rows is an error; NULLs
+Each follows DuckDB; where DuckDB raises an error (a scalar subquery of
+several rows, a sum past 128 bits) they raise `Fallback`, so DuckDB runs the
+statement and words the error itself. NULLs
 sort last in both directions unless NULLS FIRST; `x IN (subquery)` is NULL
 when x is NULL or when x is not found but the subquery held a NULL; a sum of
-integers is a HUGEINT, an error past 128 bits.
+integers is a HUGEINT.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import builtins
 from typing import Any
 
 from streamtx.server.sqlc import runtime
-from streamtx.server.sqlc.ctx import one, opt
-from streamtx.server.sqlc.errors import SqlError
+from streamtx.server.sqlc.ctx import Fallback, one, opt
 
 HUGEINT_MAX = 2**127 - 1
 
@@ -22,10 +23,7 @@ def scalar(rows: list[tuple[Any, ...]]) -> Any:
     if not rows:
         return None
     if len(rows) > 1:
-        raise SqlError(
-            "Invalid Input Error: More than one row returned by a subquery used as an expression - scalar "
-            "subqueries can only return a single row."
-        )
+        raise Fallback("a scalar subquery returned more than one row: DuckDB words the error")
     return rows[0][0]
 
 
@@ -103,7 +101,7 @@ def same(value: Any) -> Any:
 
 def hugeint(total: Any) -> Any:
     if total is not None and not -HUGEINT_MAX - 1 <= total <= HUGEINT_MAX:
-        raise SqlError("Out of Range Error: Overflow in HUGEINT addition")
+        raise Fallback("a sum beyond HUGEINT: DuckDB words the error")
     return total
 
 

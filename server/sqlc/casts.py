@@ -1,0 +1,95 @@
+"""CAST as DuckDB does it, for the value kinds the compiler computes on.
+
+`converter(source, target)` is the function that casts a value of type
+`source` to `target`, or raises Unsupported at compile time when the pair
+is outside the exact subset. At run time a value the cast cannot state
+exactly (out of range, a string that is not plain digits, NaN) raises
+`Fallback`: the statement then runs in DuckDB, which gives the value or the
+error in its own words. Under TRY_CAST an out-of-range number is NULL.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+from streamtx.server.sqlc import types as T
+from streamtx.server.sqlc.ctx import Fallback
+from streamtx.server.sqlc.errors import Unsupported
+from streamtx.server.sqlc.types import SqlType
+
+_DIGITS = re.compile(r"-?[0-9]+")
+
+
+def _same(v: Any) -> Any:
+    return v
+
+
+def _out_of_range(v: Any, target: SqlType, try_: bool) -> None:
+    if try_:
+        return None
+    raise Fallback(f"{v!r} is out of range for {target.name}")
+
+
+def converter(source: SqlType, target: SqlType, try_: bool = False) -> Callable[[Any], Any]:
+    """The cast of a `source` value to `target` (NULL stays NULL)."""
+    if source == target or source.kind == "null":
+        return _same
+    if target.kind == "int":
+        return _to_int(source, target, try_)
+    if target == T.DOUBLE:
+        if source.kind == "int" and source != T.HUGEINT:
+            return lambda v: None if v is None else float(v)
+        if source == T.FLOAT:
+            return _same  # a FLOAT value is already the double it widens to
+    if target == T.VARCHAR:
+        if source.kind == "int":
+            return lambda v: None if v is None else str(v)
+        if source.kind == "bool":
+            return lambda v: None if v is None else ("true" if v else "false")
+    if target == T.BOOLEAN and source.kind == "int":
+        return lambda v: None if v is None else v != 0
+    raise Unsupported(f"CAST from {source.name} to {target.name} runs in DuckDB")
+
+
+def _to_int(source: SqlType, target: SqlType, try_: bool) -> Callable[[Any], Any]:
+    lo, hi = target.lo, target.hi
+    if source.kind == "int":
+        if target.lo <= source.lo and source.hi <= target.hi:
+            return _same
+
+        def narrow(v: Any) -> Any:
+            if v is None or lo <= v <= hi:
+                return v
+            return _out_of_range(v, target, try_)
+
+        return narrow
+    if source.kind == "bool":
+        return lambda v: None if v is None else int(v)
+    if source.kind == "float":
+
+        def from_float(v: Any) -> Any:
+            if v is None:
+                return None
+            if not math.isfinite(v):
+                raise Fallback(f"{v!r} as {target.name}")
+            n = round(v)  # half to even, as DuckDB rounds a double to an integer
+            if not lo <= n <= hi:
+                raise Fallback(f"{v!r} is out of range for {target.name}")
+            return n
+
+        return from_float
+    if source.kind == "str":
+
+        def from_str(v: Any) -> Any:
+            if v is None:
+                return None
+            if _DIGITS.fullmatch(v) is None:
+                raise Fallback(f"{v!r} as {target.name}: DuckDB parses it")
+            n = int(v)
+            return n if lo <= n <= hi else _out_of_range(v, target, try_)
+
+        return from_str
+    raise Unsupported(f"CAST from {source.name} to {target.name} runs in DuckDB")
