@@ -83,6 +83,7 @@ class Engine:
         self.trimmed_through: dict[str, int] = {}
         self.counters: collections.Counter[str] = collections.Counter()
         self.windows = Windows(self)
+        self.sql_plans.windows = self.windows.in_memory
         self.state = StateStore(self)
         self.prepared: dict[tuple[int, str], list[Event]] = {}  # (ts, procedure) -> pre-processed events
         self.prepared_epoch = -1  # the working set's epoch when their keys were loaded

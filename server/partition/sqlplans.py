@@ -35,9 +35,12 @@ class Choice:
 class SqlPlans:
     """Compiled statements per (procedure or "trigger t", statement index), for the current catalog."""
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, enabled: bool = True) -> None:
+    def __init__(
+        self, con: duckdb.DuckDBPyConnection, enabled: bool = True, windows: Callable[[str], bool] | None = None
+    ) -> None:
         self.con = con
         self.enabled = enabled
+        self.windows = windows  # whether a window is held in memory (server/partition/windows.py)
         self.catalog = Catalog()
         self._choices: dict[tuple[str, int], Choice] = {}
         self._prefetch: dict[str, list[tuple[str, Callable[..., Any]]]] = {}
@@ -85,25 +88,36 @@ class SqlPlans:
             return Choice(None, "a copy of input columns: taken from the batch's Arrow table")
         try:
             names = self._names(unit)
-            results = compiled.returns_rows and names.input_stream is None  # only a call returns its results
+            # only a call returns its results
+            results = compiled.returns_rows and names.input_stream is None and not unit.startswith("trigger ")
             return Choice(compile_statement(compiled.source, names, results))
         except Unsupported as e:
             return Choice(None, str(e))
 
     def _names(self, unit: str) -> Names:
         cat = self.catalog
+        in_memory = self.windows or (lambda w: False)
         if unit.startswith("trigger "):
             trig = cat.triggers[unit[8:]]
-            if trig.target_kind != "stream":
-                raise Unsupported(f"trigger on window {trig.target!r}: windows are read in DuckDB")
-            input_stream, declared = trig.target, []
+            if trig.target_kind != "stream" and not in_memory(trig.target):
+                raise Unsupported(f"trigger on RANGE window {trig.target!r}: RANGE windows are read in DuckDB")
+            input_stream = trig.target if trig.target_kind == "stream" else None
+            declared: list[tuple[str, str]] = []
         else:
             proc = cat.procedures[unit]
             input_stream, declared = proc.on_stream, list(proc.params)
         params = {name: T.parse_type(type_sql) for name, type_sql in declared}
         params.update(dict.fromkeys(TS_PARAMS, T.BIGINT))
-        windows = {w: f"window {w!r} is read in DuckDB" for w in cat.windows}
-        return Names(self._tables(), input_stream, params, windows)
+        relations = dict(self._tables())
+        unsupported = {}
+        for name, w in cat.windows.items():
+            if in_memory(name):
+                stream = cat.streams[w.stream]
+                cols = tuple((c, T.parse_type(t)) for c, t in stream.columns)
+                relations[name] = Relation(name, cols, window=True)
+            else:
+                unsupported[name] = f"RANGE window {name!r} is read in DuckDB"
+        return Names(relations, input_stream, params, unsupported)
 
     def _tables(self) -> dict[str, Relation]:
         if self._relations is not None:

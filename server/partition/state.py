@@ -432,6 +432,10 @@ class StateStore:
     def put(self, table: str, key: Any, row: Row | None) -> None:
         self.ws.write(table, key, row)
 
+    def window(self, name: str) -> list[Row]:
+        """The visible tuples of an in-memory window (server/partition/windows.py)."""
+        return self.engine.windows.visible(name)
+
     def load(self, table: str, keys: list[Any]) -> None:
         """Loads the keys the working set lacks (a punctuation interval's lookups, at once)."""
         if table in self.ws.complete:
@@ -543,7 +547,7 @@ class StateStore:
         `writes` names the tables the statement may write (None: any); the
         rows held of the others stay valid, as DuckDB holds them too.
         """
-        if self.ws.rows or self.pending:
+        if self.ws.rows or self.pending or self.engine.windows.dirty():
             self.flush()
             if writes is None:
                 self.ws.clear()
@@ -559,6 +563,7 @@ class StateStore:
         would otherwise keep every row ever written in memory).
         """
         self.write_back()
+        self.engine.windows.sync()
         pending = self.pending
         if not pending:
             return
@@ -659,7 +664,7 @@ class StateStore:
 
     def held_back(self) -> bool:
         """Whether DuckDB lags behind: rows, outputs, marks or trims not written yet."""
-        return bool(self.pending) or any(self.ws.dirty.values())
+        return bool(self.pending) or any(self.ws.dirty.values()) or self.engine.windows.dirty()
 
     def sync(self) -> None:
         """Brings DuckDB up to date, in a transaction of its own.
@@ -695,12 +700,14 @@ class StateStore:
     def begin(self) -> None:
         """A DuckDB transaction began: from here on, every change can be taken back (`rollback`)."""
         self.ws.begin()
+        self.engine.windows.begin()
         p = self.pending
         self._begun = (p, {s: len(parts) for s, parts in p.out.items()}, dict(p.marks), len(p.taken), dict(p.trims))
 
     def committed(self) -> None:
         """The transaction committed: its changes stay; tables cached beyond `CACHED_ROWS` are forgotten if clean."""
         self.ws.commit()
+        self.engine.windows.committed()
         self._begun = None
         ws = self.ws
         for table in [t for t, rows in ws.rows.items() if len(rows) > CACHED_ROWS and not ws.dirty.get(t)]:
@@ -709,6 +716,7 @@ class StateStore:
     def rollback(self) -> None:
         """The transaction rolled back: the working set and what was held back return to `begin`."""
         self.ws.rollback()
+        self.engine.windows.rolled_back()
         if self._begun is None:
             return
         pending, lengths, marks, taken, trims = self._begun

@@ -306,7 +306,7 @@ class Transaction(Tx):
     ) -> tuple[bool, pa.Table | None]:
         """(True, its result) once run over the working set; (False, None) if it must run in DuckDB this time."""
         eng = self.engine
-        rows = None if batch is None else self._rows_of(batch)
+        rows = None if batch is None else self.rows_of(batch)
         bound = {**params, **dict.fromkeys(TS_PARAMS, self.ts)}
         try:
             result = statement.run(Ctx(eng.state, rows, bound, self.ts))
@@ -326,7 +326,7 @@ class Transaction(Tx):
                 self._emitted(compiled.emits, out)
         return True, result.rows
 
-    def _rows_of(self, batch: pa.Table) -> list[Row]:
+    def rows_of(self, batch: pa.Table) -> list[Row]:
         """A batch's rows as dicts, converted once per TE (its input batch from `batch_values` when known)."""
         if batch is self.batch:
             if self._batch_rows is None:

@@ -17,12 +17,20 @@ would be per-tuple SQL on the hot path (see DESIGN.md).
   tuple with ts >= end + s arrived; visible are tuples with end - t <= ts < end.
 
 Position of every tuple: `__seq`, a per-window counter in arrival order.
+
+With the SQL compiler on, a ROWS window lives in memory: its tuples are
+held by position, a slide moves two numbers, and compiled statements (its
+EE triggers, its owner's reads) read the visible tuples straight from
+memory. DuckDB's window table follows with the working set: it is brought
+up to date (one INSERT, UPDATE and DELETE per window) whenever the working
+set is written back, so a statement run in DuckDB, a query or a checkpoint
+sees the same window.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,7 +57,17 @@ class Windows:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.state: dict[str, WindowState] = {}
+        # in-memory ROWS windows: tuples by position (from the lowest still visible), and what DuckDB holds
+        self.rows: dict[str, dict[int, dict[str, Any]]] = {}
+        self.synced: dict[str, tuple[int, int]] = {}  # (next_seq, visible_end) as DuckDB's window table has them
+        self._synced_at_begin: dict[str, tuple[int, int]] | None = None
+        self._schemas: dict[str, pa.Schema] = {}
         engine.con.execute(STATE_DDL)
+
+    def in_memory(self, window: str) -> bool:
+        """Whether compiled statements read `window` from memory (a ROWS window, with the compiler on)."""
+        w = self.engine.catalog.windows.get(window)
+        return w is not None and w.kind == "rows" and self.engine.sql_plans.enabled
 
     def load(self) -> None:
         """Rebuilds window positions from the window tables (after install or recovery)."""
@@ -64,6 +82,17 @@ class Windows:
             next_seq = 0 if max_seq is None else max_seq + 1
             visible_end = next_seq if min_staged is None else min_staged
             self.state[name] = WindowState(next_seq, visible_end, ends.get(name))
+        self.rows, self.synced, self._schemas = {}, {}, {}
+        for name in self.engine.catalog.windows:
+            if not self.in_memory(name):
+                continue
+            table = f"{WINDOW_SCHEMA}.{quote(name)}"
+            data = con.execute(f"SELECT * EXCLUDE (__staged) FROM {table} ORDER BY __seq").to_arrow_table()
+            seqs = data.column("__seq").to_pylist()
+            held = data.drop_columns(["__seq"])
+            self.rows[name] = dict(zip(seqs, held.to_pylist(), strict=True))
+            st = self.state[name]
+            self.synced[name] = (st.next_seq, st.visible_end)
 
     def snapshot(self) -> dict[str, WindowState]:
         """The in-memory positions, to restore if the transaction that moves them aborts."""
@@ -71,6 +100,11 @@ class Windows:
 
     def restore(self, saved: dict[str, WindowState]) -> None:
         self.state = saved
+        for name, held in self.rows.items():
+            st = saved.get(name)
+            end = st.next_seq if st is not None else 0
+            for s in [s for s in held if s >= end]:
+                del held[s]
 
     def feed(self, tx: Transaction, window: str, stream: str, batch: pa.Table) -> None:
         """Appends `batch` (registered as the TE's input) to `window` and applies its slides."""
@@ -78,6 +112,18 @@ class Windows:
             return
         w = self.engine.catalog.windows[window]
         st = self.state.setdefault(window, WindowState())
+        if self.in_memory(window):
+            held = self.rows.setdefault(window, {})
+            seq = st.next_seq
+            for row in tx.rows_of(batch):
+                held[seq] = {**row, "batch_id": tx.ts}
+                seq += 1
+            st.next_seq = seq
+            slides = (st.next_seq - st.visible_end) // w.slide
+            if slides:
+                st.visible_end += slides * w.slide
+                self._fire(tx, self.engine.catalog.triggers_on("window", window))
+            return
         table = f"{WINDOW_SCHEMA}.{quote(window)}"
         cols = ", ".join(quote(c) for c in self.engine.catalog.stream_schemas[stream].names)
         source = quote(batch_relation(stream))
@@ -148,7 +194,74 @@ class Windows:
     def _save_end(self, tx: Transaction, name: str, end: int) -> None:
         tx.execute(f"INSERT OR REPLACE INTO {SYSTEM_SCHEMA}.window_ends VALUES ($n, $e)", {"n": name, "e": end})
 
+    # ---------------------------------------------------------- in memory
+    def visible(self, window: str) -> list[dict[str, Any]]:
+        """The tuples of an in-memory window a statement sees now, oldest first."""
+        st = self.state[window]
+        held = self.rows[window]
+        size = self.engine.catalog.windows[window].size
+        return [held[s] for s in range(max(st.visible_end - size, 0), st.visible_end)]
+
+    def dirty(self) -> bool:
+        """Whether DuckDB's window tables lag behind the in-memory windows."""
+        return any(
+            self.synced.get(name) != (st.next_seq, st.visible_end)
+            for name, st in self.state.items()
+            if name in self.rows
+        )
+
+    def sync(self) -> None:
+        """Brings DuckDB's window tables up to the in-memory windows, inside the open transaction."""
+        con = self.engine.con
+        for name, held in self.rows.items():
+            st = self.state[name]
+            done_next, done_visible = self.synced.get(name, (st.next_seq, st.visible_end))
+            if (done_next, done_visible) == (st.next_seq, st.visible_end):
+                continue
+            size = self.engine.catalog.windows[name].size
+            table = f"{WINDOW_SCHEMA}.{quote(name)}"
+            if st.visible_end > done_visible:
+                con.execute(f"UPDATE {table} SET __staged = false WHERE __staged AND __seq < $v", {"v": st.visible_end})
+                con.execute(f"DELETE FROM {table} WHERE __seq < $lo", {"lo": st.visible_end - size})
+            first = max(done_next, st.visible_end - size)
+            if first < st.next_seq:
+                seqs = list(range(first, st.next_seq))
+                data = pa.Table.from_pylist([held[s] for s in seqs], schema=self._schema(name))
+                data = data.append_column("__seq", pa.array(seqs, pa.int64()))
+                data = data.append_column("__staged", pa.array([s >= st.visible_end for s in seqs], pa.bool_()))
+                con.register("__window__", data)
+                con.execute(f"INSERT INTO {table} BY NAME SELECT * FROM __window__")
+                con.unregister("__window__")
+            self.synced[name] = (st.next_seq, st.visible_end)
+
+    def _schema(self, window: str) -> pa.Schema:
+        schema = self._schemas.get(window)
+        if schema is None:
+            table = f"{WINDOW_SCHEMA}.{quote(window)}"
+            query = f"SELECT * EXCLUDE (__seq, __staged) FROM {table} LIMIT 0"
+            schema = self._schemas[window] = self.engine.con.execute(query).to_arrow_table().schema
+        return schema
+
+    def begin(self) -> None:
+        self._synced_at_begin = dict(self.synced)
+
+    def rolled_back(self) -> None:
+        """DuckDB's window tables are back where the transaction began."""
+        if self._synced_at_begin is not None:
+            self.synced = self._synced_at_begin
+        self._synced_at_begin = None
+
+    def committed(self) -> None:
+        """Tuples below every window's extent are not needed any more."""
+        self._synced_at_begin = None
+        for name, held in self.rows.items():
+            st = self.state[name]
+            lo = st.visible_end - self.engine.catalog.windows[name].size
+            for s in [s for s in held if s < lo]:
+                del held[s]
+
     def _fire(self, tx: Transaction, triggers: list[str]) -> None:
         for name in triggers:
-            for _, compiled in tx.statements_of(f"trigger {name}"):
-                tx.run_compiled(compiled)
+            unit = f"trigger {name}"
+            for i, compiled in tx.statements_of(unit):
+                tx.run_compiled(compiled, (unit, i))

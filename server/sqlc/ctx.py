@@ -38,6 +38,8 @@ class Store(Protocol):
 
     def load(self, table: str, keys: list[Key]) -> None: ...
 
+    def window(self, name: str) -> list[Row]: ...
+
 
 class Ctx:
     """One execution of a compiled statement: the store, the TE's input batch (rows), parameters, timestamp."""
@@ -61,6 +63,10 @@ class Ctx:
             row = get(table, key)
             if row is not None:
                 yield row
+
+    def window(self, name: str) -> list[Row]:
+        """The visible tuples of a window held in memory, oldest first."""
+        return self.store.window(name)
 
     def scan(self, table: str) -> Iterator[Row]:
         rows = self.store.rows(table, SCAN_MAX)

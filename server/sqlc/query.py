@@ -40,6 +40,7 @@ class Relation:
     stream: bool = False
     not_null: tuple[str, ...] = ()  # in the order DuckDB checks them (its NOT NULL constraints' order)
     refuse_writes: str = ""  # why compiled statements may not write it (UNIQUE constraints, defaults)
+    window: bool = False  # a window held in memory: read whole, never written
 
     @property
     def types(self) -> dict[str, SqlType]:
@@ -229,6 +230,11 @@ class _Planner:
         if rel is None:
             raise Unsupported(f"{name!r} is not a table or stream the compiler knows")
         cols = rel.types
+        if rel.window:
+            src = Source(alias, var, cols, f"ctx.window({name!r})", side == "LEFT", f"{alias}: the window {name}")
+            if side:
+                raise Unsupported(f"a LEFT JOIN of window {name!r} runs in DuckDB")
+            return self._enter(src, on or [], body, depth)
         if rel.stream:
             if name != self.names.input_stream:
                 raise Unsupported(f"stream {name!r} is not this statement's input")
@@ -309,7 +315,7 @@ class _Planner:
         codes = [self._expr(c, self._row_env()) for c in conjuncts]
         if not any(c.fails for c in codes):
             return [_indent(depth, f"if ({c.source}) is not True: continue") for c in codes]
-        whole = ("ctx.batch", "ctx.scan(", "_dicts(")
+        whole = ("ctx.batch", "ctx.scan(", "_dicts(", "ctx.window(")
         if len(self.sources) + len(self.outer) > 1 or not self.sources[0].loop.startswith(whole):
             bad = next(c for c, code in zip(conjuncts, codes, strict=True) if code.fails)
             raise Unsupported(f"{bad.sql('duckdb')} may raise an error in a join's condition: it runs in DuckDB")

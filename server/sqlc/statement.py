@@ -103,7 +103,7 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
         if tree.args.get(unsupported):
             raise Unsupported(f"INSERT ... {unsupported.upper()} runs in DuckDB")
     rel = names.relations.get(target.name)
-    if rel is None:
+    if rel is None or rel.window:
         raise Unsupported(f"INSERT INTO {target.name!r}: not a table or stream the compiler knows")
     source = tree.expression
     if source is None:
@@ -370,7 +370,7 @@ def _writable(target: exp.Expression, names: Names, verb: str) -> Relation:
     if not isinstance(target, exp.Table) or target.db:
         raise Unsupported(f"{verb} {target.sql('duckdb')} runs in DuckDB")
     rel = names.relations.get(target.name)
-    if rel is None or rel.stream:
+    if rel is None or rel.stream or rel.window:
         raise Unsupported(f"{verb} {target.name!r}: not a table the compiler knows")
     if not rel.key:
         raise Unsupported(f"table {rel.name!r} has no primary key: written in DuckDB")
