@@ -8,7 +8,7 @@ or earlier when a barrier TE (SQL) must see the state.
 Write-behind (opchain). An interval that commits leaves its written rows in
 the working set, not in DuckDB, when each of them certainly fits its table
 (`TableCheck`: exact Python types in range, NOT NULL, no other constraint
-than the one-column primary key); so do its dedup marks and the tuples it
+than the primary key); so do its dedup marks and the tuples it
 stored on retained streams (`Pending`). The working set is then the current
 state and DuckDB a copy that lags behind it; the command log, not DuckDB,
 makes commits durable, so durability is unchanged. DuckDB is brought current
@@ -187,7 +187,8 @@ def _fits(v: Any, kind: _Kind) -> bool:
 class TableCheck:
     """Which rows a table certainly takes as they are: their write may wait (write-behind, module docstring).
 
-    A row fits when it is a dict whose primary key equals its key and each
+    A row fits when it is a dict whose primary key (one column, or a tuple
+    of several) equals its key and each
     column's value is None (where NULL is allowed) or exactly of the
     column's Python type and in its range: int for integer columns, str,
     bool, float for DOUBLE, a list of such for `T[]`. A table with a CHECK,
@@ -195,12 +196,12 @@ class TableCheck:
     column of any other type has no check: its rows are written at once.
     """
 
-    def __init__(self, pk: str, columns: list[tuple[str, _Kind, bool, bool]]) -> None:
+    def __init__(self, pk: tuple[str, ...], columns: list[tuple[str, _Kind, bool, bool]]) -> None:
         self.pk = pk
         self.columns = columns  # (name, kind, is a list, nullable)
 
     @classmethod
-    def of(cls, pk: str, schema: pa.Schema, not_null: set[str]) -> TableCheck | None:
+    def of(cls, pk: tuple[str, ...], schema: pa.Schema, not_null: set[str]) -> TableCheck | None:
         """From the table's Arrow schema and its NOT NULL columns; None if some column has no exact check."""
         columns = []
         for field in schema:
@@ -212,7 +213,10 @@ class TableCheck:
         return cls(pk, columns)
 
     def fits(self, key: Any, row: Row | None) -> bool:
-        if type(row) is not dict or row.get(self.pk) != key:
+        if type(row) is not dict:
+            return False
+        pk = self.pk
+        if (row.get(pk[0]) if len(pk) == 1 else tuple(row.get(c) for c in pk)) != key:
             return False
         for name, kind, listed, nullable in self.columns:
             v = row.get(name)
@@ -315,7 +319,7 @@ class StateStore:
             if not nullable:
                 not_null.setdefault(t, set()).add(name)
         self.checks = {}
-        for t, pk in self.keys.items():
+        for t, pk in self.key_columns.items():
             if t in constrained or t not in self.columns:
                 continue
             schema = con.sql(f"SELECT * FROM {quote(t)} LIMIT 0").to_arrow_table().schema
