@@ -316,6 +316,8 @@ def run(
                 if setup is not None:
                     setup(h)
                 outcomes = h.push_many(batches)
+                defects = h.engine.counters["sql_defects"]
+                assert not defects, f"{executor}/sql-compiler {compiler}: {defects} compiled statement(s) failed"
                 results[f"{executor}/sql-compiler {compiler}"] = RunResult(outcomes, h.tables(), h.outputs())
     if not results:
         raise ValueError("run: no executor given")

@@ -133,12 +133,18 @@ def test_compiled_expressions_give_duckdbs_values(con: duckdb.DuckDBPyConnection
 @pytest.mark.parametrize("a", T.INTEGERS, ids=lambda t: t.name)
 def test_integer_result_types_are_duckdbs(con: duckdb.DuckDBPyConnection, a: T.SqlType) -> None:
     for b in T.INTEGERS:
-        (want,) = con.execute(f"SELECT typeof(1::{a.name} + 1::{b.name})").fetchone()
-        assert T.max_type(T.Arg(a), T.Arg(b)).name == want, (a.name, b.name)
+        (plus, both) = con.execute(
+            f"SELECT typeof(1::{a.name} + 1::{b.name}), typeof(coalesce(1::{a.name}, 1::{b.name}))"
+        ).fetchone()
+        assert T.max_type(T.Arg(a), T.Arg(b), arithmetic=True).name == plus, (a.name, "+", b.name)
+        assert T.max_type(T.Arg(a), T.Arg(b)).name == both, (a.name, "coalesce", b.name)
     for value in (-1, 200, 70000, 3_000_000_000, -3_000_000_000, 10**19):
-        (want,) = con.execute(f"SELECT typeof(1::{a.name} + {value})").fetchone()
+        (plus, both) = con.execute(
+            f"SELECT typeof(1::{a.name} + {value}), typeof(coalesce(1::{a.name}, {value}))"
+        ).fetchone()
         lit = T.Arg(T.literal_type(value), value)
-        assert T.max_type(T.Arg(a), lit).name == want, (a.name, value)
+        assert T.max_type(T.Arg(a), lit, arithmetic=True).name == plus, (a.name, "+", value)
+        assert T.max_type(T.Arg(a), lit).name == both, (a.name, "coalesce", value)
 
 
 def test_what_is_not_compiled_says_why() -> None:

@@ -93,6 +93,8 @@ class SqlPlans:
             return Choice(compile_statement(compiled.source, names, results))
         except Unsupported as e:
             return Choice(None, str(e))
+        except RecursionError:
+            return Choice(None, "the statement nests too deep for the compiler")
 
     def _names(self, unit: str) -> Names:
         cat = self.catalog

@@ -436,6 +436,12 @@ class StateStore:
     def put(self, table: str, key: Any, row: Row | None) -> None:
         self.ws.write(table, key, row)
 
+    def inserted_here(self, table: str, key: Any) -> bool:
+        """Whether the open transaction inserted the row of `key` where it held none (DuckDB's local rows)."""
+        undo = self.ws.undo
+        have = self.ws.rows.get(table)
+        return bool(undo) and have is not None and any(h is have and k == key and old is None for h, k, old, _ in undo)
+
     def window(self, name: str) -> list[Row]:
         """The visible tuples of an in-memory window (server/partition/windows.py)."""
         return self.engine.windows.visible(name)

@@ -10,6 +10,7 @@ retained stream (one nothing consumes) are stored instead, for subscribers.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -315,6 +316,10 @@ class Transaction(Tx):
             return False, None
         except SqlError as e:  # worded as DuckDB words it: the same reason whichever way the statement ran
             raise Aborted(f"procedure {self.procedure or '?'}: {error_text(e)}") from None
+        except Exception as e:  # a defect of the compiled code: DuckDB runs the statement, the partition serves on
+            eng.counters["sql_defects"] += 1
+            _warn_defect(compiled.source, e)
+            return False, None
         self.statements += 1
         eng.counters["sql_compiled"] += 1
         out = result.emitted
@@ -362,6 +367,10 @@ class Transaction(Tx):
 
     def _register(self, name: str, table: pa.Table) -> None:
         self.engine.relations.bind(name, table)
+
+
+def _warn_defect(sql: str, e: Exception) -> None:
+    print(f"streamtx: compiled SQL failed ({type(e).__name__}: {e}); ran in DuckDB instead: {sql}", file=sys.stderr)
 
 
 def error_text(e: Exception) -> str:

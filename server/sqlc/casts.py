@@ -33,6 +33,31 @@ def _out_of_range(v: Any, target: SqlType, try_: bool) -> None:
     raise Fallback(f"{v!r} is out of range for {target.name}")
 
 
+def bind_value(value: Any, target: SqlType) -> Any:
+    """A parameter's Python value as `CAST($x AS target)` makes it, binding it as DuckDB's Python API does."""
+    if value is None:
+        return None
+    cls = type(value)
+    if cls is bool:
+        source = T.BOOLEAN
+    elif cls is int:
+        source = T.literal_type(value)
+        if source.kind != "int":
+            raise Fallback(f"parameter value {value!r}: DuckDB binds it")
+    elif cls is float:
+        source = T.DOUBLE
+    elif cls is str:
+        source = T.VARCHAR
+    else:
+        raise Fallback(f"a parameter of Python type {cls.__name__}: DuckDB binds it")
+    if source == target:
+        return value
+    try:
+        return converter(source, target)(value)
+    except Unsupported:
+        raise Fallback(f"a {source.name} parameter cast to {target.name}: DuckDB casts it") from None
+
+
 def converter(source: SqlType, target: SqlType, try_: bool = False) -> Callable[[Any], Any]:
     """The cast of a `source` value to `target` (NULL stays NULL)."""
     if source == target or source.kind == "null":

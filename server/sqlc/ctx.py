@@ -40,6 +40,8 @@ class Store(Protocol):
 
     def window(self, name: str) -> list[Row]: ...
 
+    def inserted_here(self, table: str, key: Key) -> bool: ...
+
 
 class Ctx:
     """One execution of a compiled statement: the store, the TE's input batch (rows), parameters, timestamp."""

@@ -281,6 +281,8 @@ class _Compiler:
     # ------------------------------------------------------------ text
     def _DPipe(self, node: exp.DPipe) -> Code:
         parts = [self._text(p) for p in _flatten(node, exp.DPipe)]
+        if any(p.type.kind == "null" for p in parts):  # DuckDB folds `x || NULL` to a NULL of type "NULL"
+            return Code("None", T.NULL, any(p.fails for p in parts))
         return Code(f"_concat({', '.join(p.source for p in parts)})", T.VARCHAR, any(p.fails for p in parts))
 
     def _Concat(self, node: exp.Concat) -> Code:
@@ -347,7 +349,7 @@ def _arg(c: Code) -> Arg:
 
 
 def _result(a: Code, b: Code, node: exp.Expression) -> SqlType:
-    t = T.max_type(_arg(a), _arg(b))
+    t = T.max_type(_arg(a), _arg(b), arithmetic=True)
     if t is None or t.kind not in ("int", "float"):
         raise Unsupported(f"{node.sql('duckdb')}: arithmetic on {a.type.name} and {b.type.name} runs in DuckDB")
     return t
@@ -356,12 +358,15 @@ def _result(a: Code, b: Code, node: exp.Expression) -> SqlType:
 def _comparable(a: Code, b: Code, node: exp.Expression | None) -> SqlType:
     """The type two operands are compared in; Unsupported if DuckDB would compare them after a cast not done here."""
     t = T.max_type(_arg(a), _arg(b))
-    where = node.sql("duckdb") if node is not None else "a comparison"
     if t is None or t.kind == "other":
-        raise Unsupported(f"{where}: comparing {a.type.name} with {b.type.name} runs in DuckDB")
+        raise Unsupported(f"{_where(node)}: comparing {a.type.name} with {b.type.name} runs in DuckDB")
     if t.kind == "float" and T.FLOAT in (a.type, b.type):
-        raise Unsupported(f"{where}: FLOAT comparisons run in DuckDB")
+        raise Unsupported(f"{_where(node)}: FLOAT comparisons run in DuckDB")
     return t
+
+
+def _where(node: exp.Expression | None) -> str:
+    return node.sql("duckdb") if node is not None else "a comparison"
 
 
 def _common(values: list[Code], node: exp.Expression) -> SqlType:

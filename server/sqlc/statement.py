@@ -29,6 +29,7 @@ from sqlglot import exp
 
 from streamtx.server import sqltree
 from streamtx.server.sqlc import relational
+from streamtx.server.sqlc.casts import bind_value
 from streamtx.server.sqlc.columns import arrow_type, caster
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError, Unsupported
@@ -63,14 +64,37 @@ def compile_statement(sql: str, names: Names, returns_rows: bool = False) -> Sta
         raise Unsupported("empty statement")
     gen = _Gen()
     if isinstance(tree, exp.Insert):
-        return _insert(tree, names, gen)
-    if isinstance(tree, exp.Update):
-        return _update(tree, names, gen)
-    if isinstance(tree, exp.Delete):
-        return _delete(tree, names, gen)
-    if isinstance(tree, exp.Select | exp.Values | exp.Subquery):
-        return _select(tree, names, gen, returns_rows)
-    raise Unsupported(f"{type(tree).__name__.upper()} runs in DuckDB")
+        statement = _insert(tree, names, gen)
+    elif isinstance(tree, exp.Update):
+        statement = _update(tree, names, gen)
+    elif isinstance(tree, exp.Delete):
+        statement = _delete(tree, names, gen)
+    elif isinstance(tree, exp.Select | exp.Values | exp.Subquery):
+        statement = _select(tree, names, gen, returns_rows)
+    else:
+        raise Unsupported(f"{type(tree).__name__.upper()} runs in DuckDB")
+    used = {p.name: names.params[p.name] for p in tree.find_all(exp.Placeholder) if p.name in names.params}
+    if used:
+        statement.run = _binding(statement.run, used)
+    return statement
+
+
+def _binding(run: Callable[[Ctx], Result], types: dict[str, Any]) -> Callable[[Ctx], Result]:
+    """`run` over the parameters as DuckDB sees them: each value cast to its declared type (`CAST($x AS T)`).
+
+    A value whose cast is not stated exactly here (a string DuckDB must parse,
+    a value out of range) makes the statement run in DuckDB, which casts it or
+    words the error.
+    """
+
+    def bound(ctx: Ctx) -> Result:
+        params = dict(ctx.params)
+        for name, t in types.items():
+            params[name] = bind_value(params.get(name), t)
+        ctx.params = params
+        return run(ctx)
+
+    return bound
 
 
 # ------------------------------------------------------------------ SELECT
@@ -236,6 +260,9 @@ class _ConflictEnv:
         raise Unsupported(f"{node.sql('duckdb')} in ON CONFLICT runs in DuckDB")
 
 
+_LOCAL_DUPLICATE = 'Constraint Error: PRIMARY KEY or UNIQUE constraint violation: duplicate key "{}"'
+
+
 class _Writer:
     """Applies the rows of an INSERT to the working set, as DuckDB would apply them to the table."""
 
@@ -257,6 +284,8 @@ class _Writer:
         if mode == "error":  # DuckDB's order: a key the table holds, then NOT NULL, then keys repeated
             for key in keys:
                 if not _has_null(key) and store.row(self.table, key) is not None:
+                    if store.inserted_here(self.table, key):  # DuckDB words a clash in its transaction's rows apart
+                        raise SqlError(_LOCAL_DUPLICATE.format(_plain(key)))
                     raise SqlError(
                         f'Constraint Error: Duplicate key "{_named(self.key, key)}" violates primary key constraint.'
                     )
@@ -264,9 +293,7 @@ class _Writer:
             seen: set[Any] = set()
             for key in keys:
                 if key in seen:
-                    raise SqlError(
-                        f'Constraint Error: PRIMARY KEY or UNIQUE constraint violation: duplicate key "{_plain(key)}"'
-                    )
+                    raise SqlError(_LOCAL_DUPLICATE.format(_plain(key)))
                 seen.add(key)
             writes = list(zip(keys, new_rows, strict=True))
         else:

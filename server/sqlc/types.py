@@ -7,10 +7,11 @@ nested types, ...) are carried through unchanged (read, compared to NULL,
 stored into a column of the same type) but not computed on.
 
 `max_type` is DuckDB's implicit cast resolution for integers, taken from
-DuckDB itself (tests/test_sqlc_expr.py checks every pair against it): an
-integer literal takes the type of the other operand when its value fits
-there (`tinyint_col + 100` is a TINYINT), otherwise both widen as two typed
-values do.
+DuckDB itself (tests/test_sqlc_expr.py checks every pair against it), in
+its two forms: arithmetic, and everything else (`coalesce(tinyint_col,
+utinyint_col)` is a SMALLINT, their sum a BIGINT). An integer literal takes
+the type of the other operand when its value fits there (`tinyint_col + 100`
+is a TINYINT), otherwise both widen as two typed values do.
 """
 
 from __future__ import annotations
@@ -86,9 +87,22 @@ _ALIASES = {
     "BPCHAR": "VARCHAR",
 }
 
-# DuckDB's result type of `a + b` for two typed integers (symmetric), as DuckDB 1.x answers `typeof(1::A + 1::B)`.
+# The type DuckDB casts two typed integers to, by pair (symmetric), as DuckDB 1.x answers `typeof(...)`:
+# for CASE, coalesce, least/greatest, comparisons and IN (`coalesce(1::A, 1::B)`), and for arithmetic
+# (`1::A + 1::B`, also - * // %), which binds to its integer overloads and widens a mixed-sign pair further.
 _ORDER = [t.name for t in INTEGERS]
-_TABLE_ROWS = {
+_COMBINE_ROWS = {
+    "TINYINT": "TINYINT SMALLINT INTEGER BIGINT HUGEINT SMALLINT INTEGER BIGINT HUGEINT",
+    "SMALLINT": "SMALLINT SMALLINT INTEGER BIGINT HUGEINT SMALLINT INTEGER BIGINT HUGEINT",
+    "INTEGER": "INTEGER INTEGER INTEGER BIGINT HUGEINT INTEGER INTEGER BIGINT HUGEINT",
+    "BIGINT": "BIGINT BIGINT BIGINT BIGINT HUGEINT BIGINT BIGINT BIGINT HUGEINT",
+    "HUGEINT": "HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT",
+    "UTINYINT": "SMALLINT SMALLINT INTEGER BIGINT HUGEINT UTINYINT USMALLINT UINTEGER UBIGINT",
+    "USMALLINT": "INTEGER INTEGER INTEGER BIGINT HUGEINT USMALLINT USMALLINT UINTEGER UBIGINT",
+    "UINTEGER": "BIGINT BIGINT BIGINT BIGINT HUGEINT UINTEGER UINTEGER UINTEGER UBIGINT",
+    "UBIGINT": "HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT UBIGINT UBIGINT UBIGINT UBIGINT",
+}
+_ARITHMETIC_ROWS = {
     "TINYINT": "TINYINT SMALLINT INTEGER BIGINT HUGEINT BIGINT BIGINT BIGINT HUGEINT",
     "SMALLINT": "SMALLINT SMALLINT INTEGER BIGINT HUGEINT SMALLINT BIGINT BIGINT HUGEINT",
     "INTEGER": "INTEGER INTEGER INTEGER BIGINT HUGEINT INTEGER INTEGER BIGINT HUGEINT",
@@ -99,7 +113,14 @@ _TABLE_ROWS = {
     "UINTEGER": "BIGINT BIGINT BIGINT BIGINT HUGEINT UINTEGER UINTEGER UINTEGER UBIGINT",
     "UBIGINT": "HUGEINT HUGEINT HUGEINT HUGEINT HUGEINT UBIGINT UBIGINT UBIGINT UBIGINT",
 }
-INTEGER_MAX = {(a, b): _BY_NAME[r] for a, row in _TABLE_ROWS.items() for b, r in zip(_ORDER, row.split(), strict=True)}
+
+
+def _table(rows: dict[str, str]) -> dict[tuple[str, str], SqlType]:
+    return {(a, b): _BY_NAME[r] for a, row in rows.items() for b, r in zip(_ORDER, row.split(), strict=True)}
+
+
+INTEGER_COMBINE = _table(_COMBINE_ROWS)
+INTEGER_ARITHMETIC = _table(_ARITHMETIC_ROWS)
 
 
 def parse_type(sql: str) -> SqlType:
@@ -128,8 +149,12 @@ class Arg:
     literal: int | None = None
 
 
-def max_type(a: Arg, b: Arg) -> SqlType | None:
-    """The type both operands are cast to, as DuckDB resolves it; None when they are of different kinds."""
+def max_type(a: Arg, b: Arg, arithmetic: bool = False) -> SqlType | None:
+    """The type both operands are cast to, as DuckDB resolves it; None when they are of different kinds.
+
+    `arithmetic`: for + - * // % (DuckDB's integer overloads), else for CASE,
+    coalesce, comparisons and the like.
+    """
     ta, tb = a.type, b.type
     if ta.kind == "null":
         return tb
@@ -140,7 +165,7 @@ def max_type(a: Arg, b: Arg) -> SqlType | None:
             return tb
         if b.literal is not None and a.literal is None and ta.holds(b.literal):
             return ta
-        return INTEGER_MAX[ta.name, tb.name]
+        return (INTEGER_ARITHMETIC if arithmetic else INTEGER_COMBINE)[ta.name, tb.name]
     if {ta.kind, tb.kind} == {"int", "float"} and DOUBLE in (ta, tb) and HUGEINT not in (ta, tb):
         return DOUBLE
     if ta == tb and ta.kind != "other":
