@@ -10,6 +10,7 @@ error in its own words. Under TRY_CAST an out-of-range number is NULL.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable
@@ -38,6 +39,8 @@ def bind_value(value: Any, target: SqlType) -> Any:
     if value is None:
         return None
     cls = type(value)
+    if cls is int and target.kind == "int" and target.lo <= value <= target.hi:
+        return value  # the common case ($ts, a key): nothing to cast
     if cls is bool:
         source = T.BOOLEAN
     elif cls is int:
@@ -58,6 +61,7 @@ def bind_value(value: Any, target: SqlType) -> Any:
         raise Fallback(f"a {source.name} parameter cast to {target.name}: DuckDB casts it") from None
 
 
+@functools.cache
 def converter(source: SqlType, target: SqlType, try_: bool = False) -> Callable[[Any], Any]:
     """The cast of a `source` value to `target` (NULL stays NULL)."""
     if source == target or source.kind == "null":

@@ -250,32 +250,22 @@ def concat_fn(*parts: Any) -> str:
     return "".join(p for p in parts if p is not None)
 
 
-@helper("_upper")
-def upper(s: Any) -> Any:
-    if s is None:
-        return None
-    if not s.isascii():
-        raise Fallback("upper() of non-ASCII text")
-    return s.upper()
+def _ascii_text(name: str, fn: Callable[[str], Any]) -> None:
+    """A string function DuckDB computes as Python does on ASCII text; other text is DuckDB's to judge."""
+
+    def text(s: Any) -> Any:
+        if s is None:
+            return None
+        if not s.isascii():
+            raise Fallback(f"{name}() of non-ASCII text")
+        return fn(s)
+
+    NAMESPACE[f"_{name}"] = text
 
 
-@helper("_lower")
-def lower(s: Any) -> Any:
-    if s is None:
-        return None
-    if not s.isascii():
-        raise Fallback("lower() of non-ASCII text")
-    return s.lower()
-
-
-@helper("_length")
-def length(s: Any) -> Any:
-    """length(): characters; DuckDB counts grapheme clusters, which ASCII text has one per character."""
-    if s is None:
-        return None
-    if not s.isascii():
-        raise Fallback("length() of non-ASCII text")
-    return len(s)
+_ascii_text("upper", str.upper)
+_ascii_text("lower", str.lower)
+_ascii_text("length", len)  # DuckDB counts grapheme clusters: one per character in ASCII text
 
 
 @helper("_least")
