@@ -254,7 +254,7 @@ class AsyncClient:
 
     async def explain(self, name: str) -> list[StatementPlan]:
         """How each SQL statement of a procedure or EE trigger runs: compiled, or in DuckDB and why."""
-        resp = await self._unary("Explain", pb.ExplainRequest(name=name))
+        resp = await self._unary("Explain", pb.ExplainRequest(name=name), retry=True)
         return [StatementPlan.from_proto(p) for p in resp.statements]
 
     async def call(self, procedure: str, **params: Any) -> list[Result]:

@@ -342,6 +342,12 @@ def test_cli_against_server(server: EmbeddedServer, tmp_path: Path, capsys: pyte
     out = capsys.readouterr().out
     assert "7" in out and "3" in out
 
+    assert cli.main([*t, "explain", "bump"]) == 0
+    out = capsys.readouterr().out
+    assert "bump statement 1 (compiled)" in out and "bump statement 2 (compiled)" in out
+    assert cli.main([*t, "explain", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("error: NOT_FOUND: ")
+
     assert cli.main([*t, "status"]) == 0
     out = capsys.readouterr().out
     assert "events" in out and "totals" in out and "partitions" in out and "counters" in out
