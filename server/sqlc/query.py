@@ -18,6 +18,7 @@ or type `expr.py` does not compile exactly.
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,13 @@ from streamtx.server.sqlc import types as T
 from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.expr import Code, compile_expr
 from streamtx.server.sqlc.types import SqlType
+
+_VARIABLES = re.compile(r"\b[rS]\d+\b|\bctx\b")  # rows, subquery results, the statement's context
+
+
+def batch_only(source: str, batch_var: str) -> bool:
+    """Whether compiled code reads nothing but the batch row `batch_var` (and parameters): a prefetchable key."""
+    return set(_VARIABLES.findall(source)) <= {batch_var}
 
 
 @dataclass(frozen=True)
@@ -251,8 +259,10 @@ class _Planner:
             how = "opt" if side == "LEFT" else "one"
             src = Source(alias, var, cols, f"_{how}(ctx.get({name!r}, {key}))", side == "LEFT")
             src.describe = f"{alias}: {name} by primary key ({', '.join(rel.key)})" + (" (LEFT)" if side else "")
-            if len(self.sources) == 1 and self.sources[0].loop == "ctx.batch" and not self.used_outer:
-                self.keys.append((name, key, self.sources[0].var))
+            if self.sources and self.sources[0].loop == "ctx.batch" and not self.used_outer:
+                batch = self.sources[0].var
+                if batch_only(key, batch):
+                    self.keys.append((name, key, batch))  # a key the batch row alone decides
             remaining = on if on is not None else []
             return self._enter(src, remaining, body, depth)
         if side:

@@ -19,7 +19,6 @@ constraints are checked by DuckDB when the working set is written back
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +33,7 @@ from streamtx.server.sqlc.columns import arrow_type, caster
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError, Unsupported
 from streamtx.server.sqlc.expr import Code, compile_expr
-from streamtx.server.sqlc.query import Names, Query, Relation, _Gen, plan_query
+from streamtx.server.sqlc.query import Names, Query, Relation, _Gen, batch_only, plan_query
 
 
 @dataclass
@@ -436,7 +435,7 @@ def _inserted_keys(q: Query, columns: list[str], rel: Relation) -> Callable[...,
         return None
     i = columns.index(rel.key[0])
     source = q.projections[i]
-    if set(re.findall(r"\br\d+\b", source)) - {q.batch_var}:
+    if not batch_only(source, q.batch_var):
         return None
     return _key_function(source, q.batch_var, caster(q.types[i], rel.types[rel.key[0]]))
 
