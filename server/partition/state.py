@@ -112,6 +112,17 @@ class RowShape:
             out.append(values)
         return out
 
+    def fits(self, values: list[Values]) -> bool:
+        """Whether values in column order (a compiled statement's tuples) fit the shape exactly."""
+        n, checks = len(self.names), self._checks
+        for row in values:
+            if len(row) != n:
+                return False
+            for v, kind in zip(row, checks, strict=True):
+                if v is not None and not _fits(v, kind):
+                    return False
+        return True
+
     def table(self, values: list[Values]) -> pa.Table:
         """The rows as a table of the stream's schema (values from `values`)."""
         return self._table(values, self._struct, self.schema)

@@ -31,10 +31,10 @@ from streamtx.server.catalog.placement import EVERYWHERE
 from streamtx.server.partition.exchange import run_replicated
 from streamtx.server.partition.opchain import apply_event
 from streamtx.server.partition.ownership import check_local
-from streamtx.server.partition.state import Values, table_rows
+from streamtx.server.partition.state import RowShape, Values, table_rows
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError
-from streamtx.server.sqlc.statement import Statement
+from streamtx.server.sqlc.statement import Result, Statement
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -216,26 +216,44 @@ class Transaction(Tx):
             ws.clear()
 
     def emit_state_rows(self, stream: str, rows: list[Row]) -> None:
-        """A state procedure's output: `emit`, built straight from the rows when they fit the stream's shape.
-
-        Tuples for a retained stream stay rows until the commit stores the
-        interval's at once; tuples for consumers become one table, and their
-        consumers get the rows too (`emitted_values`), so a state procedure
-        downstream skips reading them back from Arrow.
-        """
-        state = self.engine.state
-        shape = state.shape(stream)
+        """A state procedure's output: `emit`, built straight from the rows when they fit the stream's shape."""
+        shape = self.engine.state.shape(stream)
         values = shape.values(rows) if shape is not None else None
         if values is None or stream not in self.engine.python_emits(self.procedure):
             self.emit(stream, rows)
             return
+        self._emit_values(stream, shape, values)
+
+    def _emit_values(self, stream: str, shape: RowShape, values: list[Values]) -> None:
+        """Tuples that fit `shape` exactly, emitted without reading them back from Arrow.
+
+        Tuples for a retained stream stay rows until the commit stores the
+        interval's at once; tuples for consumers become one table, and their
+        consumers get the rows too (`emitted_values`), so a state procedure or
+        a compiled statement downstream skips converting them back.
+        """
         if stream in self.engine.catalog.retained:
-            state.pending.out.setdefault(stream, []).append((self.ts, values))
+            self.engine.state.pending.out.setdefault(stream, []).append((self.ts, values))
             self.stored.add(stream)
             return
         table = shape.table(values)
         self._emitted(stream, table)
         self.emitted_values[stream] = (table, values)
+
+    def _emit_compiled(self, stream: str, result: Result) -> None:
+        """A compiled statement's emitted tuples: as rows where they fit the stream's shape, else one table."""
+        values = result.emitted
+        assert values is not None
+        shape = self.engine.state.shape(stream)
+        if shape is not None and shape.fits(values):
+            self._emit_values(stream, shape, values)
+            return
+        table = result.emitted_table()
+        if stream in self.engine.catalog.retained:
+            self.engine.state.pending.out.setdefault(stream, []).append((self.ts, table))
+            self.stored.add(stream)
+        else:
+            self._emitted(stream, table)
 
     def run_compiled(
         self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: pa.Table | None = None
@@ -322,13 +340,8 @@ class Transaction(Tx):
             return False, None
         self.statements += 1
         eng.counters["sql_compiled"] += 1
-        out = result.emitted
-        if out is not None and out.num_rows and compiled.emits is not None:
-            if compiled.emits in eng.catalog.retained:
-                eng.state.pending.out.setdefault(compiled.emits, []).append((self.ts, out))
-                self.stored.add(compiled.emits)
-            else:
-                self._emitted(compiled.emits, out)
+        if result.emitted and compiled.emits is not None:
+            self._emit_compiled(compiled.emits, result)
         return True, result.rows
 
     def rows_of(self, batch: pa.Table) -> list[Row]:

@@ -46,17 +46,15 @@ class Store(Protocol):
 class Ctx:
     """One execution of a compiled statement: the store, the TE's input batch (rows), parameters, timestamp."""
 
-    __slots__ = ("store", "batch", "params", "ts")
+    __slots__ = ("store", "batch", "params", "ts", "get")
 
     def __init__(self, store: Store, batch: list[Row] | None, params: dict[str, Any], ts: int) -> None:
         self.store = store
         self.batch = batch
         self.params = params
         self.ts = ts
-
-    def get(self, table: str, key: Key) -> Row | None:
-        """The row of `table` with primary key `key` (a tuple for a composite key), or None."""
-        return self.store.row(table, key)
+        self.get = store.row
+        """`get(table, key)`: the row of `table` with primary key `key` (a tuple for a composite key), or None."""
 
     def many(self, table: str, keys: Iterable[Key]) -> Iterator[Row]:
         """The rows of `table` with the given keys (each once; NULLs and missing keys give none)."""

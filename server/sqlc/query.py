@@ -538,7 +538,7 @@ class _Planner:
             if kind != "rownumber" and not ocodes:
                 raise Unsupported(f"{kind} without ORDER BY runs in DuckDB")
             pkey = f"({''.join(p.source + ', ' for p in parts)})"
-            okey = "(" + "".join(f"_sort_key({c.source}, {d}, {n}), " for c, d, n in ocodes) + ")"
+            okey = "(" + "".join(_order_key(c, d, n) for c, d, n in ocodes) + ")"
             unpack = env.unpack()
             lines.append(f"    _P = {{}}\n    for _i, {unpack} in enumerate({rows}):")
             lines.append(f"        _P.setdefault({pkey}, []).append(({okey}, _i))")
@@ -573,7 +573,7 @@ class _Planner:
             unpack = env.unpack()
             key = (
                 "("
-                + "".join(f"_sort_key({c.source}, {bool(o.args.get('desc'))}, {_nulls_first(o)}), " for c, o in keys)
+                + "".join(_order_key(c, bool(o.args.get("desc")), _nulls_first(o)) for c, o in keys)
                 + ")"
             )
             tail.append(f"    _S = []\n    for _i, ({unpack}, _o) in enumerate(zip({rows}, O)):")
@@ -588,6 +588,12 @@ class _Planner:
             self.describe.append(f"limit {hi} offset {lo}")
         tail.append("    return O")
         return tail
+
+
+def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
+    """One ORDER BY term's sort key (with a trailing comma): numbers sort without a wrapper object."""
+    helper = "_number_key" if code.type.kind in ("int", "float", "bool") else "_sort_key"
+    return f"{helper}({code.source}, {desc}, {nulls_first}), "
 
 
 # ------------------------------------------------------------------ envs

@@ -69,9 +69,19 @@ class _Desc:
 
 
 def sort_key(value: Any, desc: bool, nulls_first: bool) -> tuple[int, Any]:
+    """Any comparable value (a string); `number_key` is the faster one for numbers and booleans."""
     if value is None:
         return (0, 0) if nulls_first else (2, 0)
     return (1, _Desc(value) if desc else value)
+
+
+def number_key(value: Any, desc: bool, nulls_first: bool) -> tuple[int, int, Any]:
+    """An ascending key even for DESC (negated), in C-level tuple comparisons; NaN above every number."""
+    if value is None:
+        return (0, 0, 0) if nulls_first else (2, 0, 0)
+    if value != value:  # NaN, which DuckDB sorts above +inf
+        return (1, -1 if desc else 1, 0)
+    return (1, 0, -value if desc else value)
 
 
 def number_rownumber(group: list[tuple[Any, int]], windows: list[list[Any]], j: int) -> None:
@@ -116,6 +126,7 @@ def namespace() -> dict[str, Any]:
             "_dicts": dicts,
             "_column": column,
             "_sort_key": sort_key,
+            "_number_key": number_key,
             "_number_rownumber": number_rownumber,
             "_number_rank": number_rank,
             "_number_denserank": number_denserank,

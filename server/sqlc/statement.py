@@ -38,10 +38,20 @@ from streamtx.server.sqlc.query import Names, Query, Relation, _Gen, batch_only,
 
 @dataclass
 class Result:
-    """What a statement did: rows for an OLTP caller, tuples emitted on a stream."""
+    """What a statement did: rows for an OLTP caller, tuples emitted on a stream.
+
+    Emitted tuples are values in the stream's column order, of its columns'
+    types; `emitted_table` makes the Arrow table of them, which the partition
+    skips where the rows can travel as they are.
+    """
 
     rows: pa.Table | None = None
-    emitted: pa.Table | None = None
+    emitted: list[tuple[Any, ...]] | None = None
+    schema: pa.Schema | None = None
+
+    def emitted_table(self) -> pa.Table:
+        assert self.emitted is not None and self.schema is not None
+        return _table(self.emitted, self.schema)
 
 
 @dataclass
@@ -151,8 +161,8 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
             rows = fn(ctx)
             if not rows:
                 return Result()
-            out = [[None if i is None else casts[i](r[i]) for i in order] for r in rows]
-            return Result(emitted=_table(out, schema))
+            out = [tuple([None if i is None else casts[i](r[i]) for i in order]) for r in rows]
+            return Result(emitted=out, schema=schema)
 
         return Statement("emit", rel.name, emit, describe, q.source, _prefetch(q))
     if not rel.key:
