@@ -571,11 +571,7 @@ class _Planner:
                     continue
                 keys.append((Code(src, codes[pos].type, False), o))
             unpack = env.unpack()
-            key = (
-                "("
-                + "".join(_order_key(c, bool(o.args.get("desc")), _nulls_first(o)) for c, o in keys)
-                + ")"
-            )
+            key = "(" + "".join(_order_key(c, bool(o.args.get("desc")), _nulls_first(o)) for c, o in keys) + ")"
             tail.append(f"    _S = []\n    for _i, ({unpack}, _o) in enumerate(zip({rows}, O)):")
             tail.append(f"        _S.append(({key}, _i, _o))")
             tail.append("    _S.sort(key=lambda _x: (_x[0], _x[1]))\n    O = [_x[2] for _x in _S]")
