@@ -81,10 +81,23 @@ def statements(draw: st.DrawFn) -> str:
         return "INSERT INTO outs SELECT k, count(*), max(s) FROM ins GROUP BY k"
     if kind == 9:
         return f"UPDATE lookup SET w = (SELECT count(*) FROM ins) WHERE id = {draw(st.integers(0, 5))}"
-    return (
+    return draw(RANKED)
+
+
+RANKED = st.sampled_from(  # a filter over a subquery's columns (moved into it when compiled), sort keys of each kind
+    [
         "INSERT INTO outs SELECT k, r, 'top' FROM "
-        "(SELECT k, row_number() OVER (ORDER BY v DESC, k) AS r FROM kv) WHERE r <= 3"
-    )
+        "(SELECT k, row_number() OVER (ORDER BY v DESC, k) AS r FROM kv) WHERE r <= 3",
+        "INSERT INTO outs SELECT id, r, label FROM (SELECT id, label, "
+        "rank() OVER (ORDER BY coalesce(w, 0) DESC, id) AS r FROM lookup) t WHERE t.r < 3 AND id > 0",
+        "INSERT INTO outs SELECT id, r, 'w' FROM "
+        "(SELECT id, w, dense_rank() OVER (ORDER BY w NULLS FIRST) AS r FROM lookup) WHERE w IS NULL OR r <= 2",
+        "INSERT INTO outs SELECT k, n, s FROM "
+        "(SELECT k, s, count(*) AS n FROM ins GROUP BY k, s) WHERE n >= 2 OR k IS NULL",
+        "INSERT INTO outs SELECT k, m, 'max' FROM (SELECT k, max(v) AS m FROM ins GROUP BY k) WHERE m > 0",
+        "INSERT INTO outs SELECT k, v, s FROM (SELECT k, v, s FROM kv ORDER BY s DESC, k) WHERE v >= 100 ORDER BY k",
+    ]
+)
 
 
 ROW = st.fixed_dictionaries(
@@ -129,8 +142,7 @@ COMPILED = [
     "ON CONFLICT DO UPDATE SET n = pair.n + excluded.n",
     "INSERT INTO outs SELECT k, count(*), max(s) FROM ins GROUP BY k",
     "UPDATE lookup SET w = (SELECT count(*) FROM ins) WHERE id = 2",
-    "INSERT INTO outs SELECT k, r, 'top' FROM (SELECT k, row_number() OVER (ORDER BY v DESC, k) AS r FROM kv) "
-    "WHERE r <= 3",
+    *RANKED.elements,
 ]
 
 

@@ -416,13 +416,13 @@ class StateStore:
     # -------------------------------------------------- compiled SQL (server/sqlc)
     def row(self, table: str, key: Any) -> Row | None:
         """A row by primary key (a tuple for a composite key), loaded from DuckDB if the working set lacks it."""
-        have = self.ws.rows.get(table)
-        if have is None or key not in have:
+        try:
+            return self.ws.rows[table][key]
+        except KeyError:  # not held: loaded (one point query) unless the whole table is held
             if table in self.ws.complete:
                 return None
             self._load(table, [key])
-            have = self.ws.rows[table]
-        return have[key]
+            return self.ws.rows[table][key]
 
     def rows(self, table: str, limit: int) -> Iterable[Row] | None:
         """Every row of `table`, once loaded whole (None: it holds more than `limit` rows)."""

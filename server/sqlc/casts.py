@@ -24,7 +24,7 @@ from streamtx.server.sqlc.types import SqlType
 _DIGITS = re.compile(r"-?[0-9]+")
 
 
-def _same(v: Any) -> Any:
+def identity(v: Any) -> Any:
     return v
 
 
@@ -65,14 +65,14 @@ def bind_value(value: Any, target: SqlType) -> Any:
 def converter(source: SqlType, target: SqlType, try_: bool = False) -> Callable[[Any], Any]:
     """The cast of a `source` value to `target` (NULL stays NULL)."""
     if source == target or source.kind == "null":
-        return _same
+        return identity
     if target.kind == "int":
         return _to_int(source, target, try_)
     if target == T.DOUBLE:
         if source.kind == "int" and source != T.HUGEINT:
             return lambda v: None if v is None else float(v)
         if source == T.FLOAT:
-            return _same  # a FLOAT value is already the double it widens to
+            return identity  # a FLOAT value is already the double it widens to
     if target == T.VARCHAR:
         if source.kind == "int":
             return lambda v: None if v is None else str(v)
@@ -87,7 +87,7 @@ def _to_int(source: SqlType, target: SqlType, try_: bool) -> Callable[[Any], Any
     lo, hi = target.lo, target.hi
     if source.kind == "int":
         if target.lo <= source.lo and source.hi <= target.hi:
-            return _same
+            return identity
 
         def narrow(v: Any) -> Any:
             if v is None or lo <= v <= hi:

@@ -19,6 +19,7 @@ runs in DuckDB.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,6 +39,7 @@ class Code:
     type: SqlType
     fails: bool = False
     literal: int | None = None  # an integer literal's value: DuckDB types it by the other operand
+    not_null: bool = False  # never NULL: comparisons and sort keys of integers need no NULL checks
 
 
 class Env(Protocol):
@@ -52,6 +54,10 @@ def compile_expr(node: exp.Expression, env: Any) -> Code:
     """`node` as Python source over `env`'s variables; Unsupported if outside the compiled subset."""
     return _Compiler(env).expr(node)
 
+
+_PY_OPS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+_SIMPLE = re.compile(r"\w+(\[[\w']+\])*|\(None if (\w+) is None else \2\['\w+'\]\)")
+"""Sources cheap to evaluate twice and free of effects: a variable, a subscript, a column of a LEFT JOIN."""
 
 _COMPARISONS = {exp.EQ: "eq", exp.NEQ: "ne", exp.LT: "lt", exp.LTE: "le", exp.GT: "gt", exp.GTE: "ge"}
 _ARITHMETIC = {exp.Add: "add", exp.Sub: "sub", exp.Mul: "mul"}
@@ -91,11 +97,11 @@ class _Compiler:
         return Code("None", T.NULL)
 
     def _Boolean(self, node: exp.Boolean) -> Code:
-        return Code("True" if node.this else "False", T.BOOLEAN)
+        return Code("True" if node.this else "False", T.BOOLEAN, not_null=True)
 
     def _Literal(self, node: exp.Literal) -> Code:
         if node.is_string:
-            return Code(repr(node.this), T.VARCHAR)
+            return Code(repr(node.this), T.VARCHAR, not_null=True)
         text = node.this
         if not text.isdigit():
             raise Unsupported(f"the number {text}: decimal and float literals run in DuckDB")
@@ -154,6 +160,8 @@ class _Compiler:
         t = _comparable(a, b, left.parent)
         if t.kind == "null":
             return Code("None", T.BOOLEAN, a.fails or b.fails)
+        if t.kind == "int" and a.not_null and b.not_null:  # two integers: Python compares them as DuckDB does
+            return Code(f"({a.source} {_PY_OPS[op]} {b.source})", T.BOOLEAN, a.fails or b.fails, not_null=True)
         prefix = "_f" if t.kind == "float" else "_"
         return Code(f"{prefix}{op}({_as(a, t)}, {_as(b, t)})", T.BOOLEAN, a.fails or b.fails)
 
@@ -263,7 +271,11 @@ class _Compiler:
     def _Coalesce(self, node: exp.Coalesce) -> Code:
         args = [self.expr(a) for a in [node.this, *node.expressions]]
         t = _common(args, node)
-        return Code(f"_coalesce({', '.join(_as(a, t) for a in args)})", t, any(a.fails for a in args))
+        sources = [_as(a, t) for a in args]
+        fails, not_null = any(a.fails for a in args), any(a.not_null for a in args)
+        if len(args) == 2 and _SIMPLE.fullmatch(sources[0]):  # read twice rather than called
+            return Code(f"({sources[0]} if {sources[0]} is not None else {sources[1]})", t, fails, not_null=not_null)
+        return Code(f"_coalesce({', '.join(sources)})", t, fails, not_null=not_null)
 
     def _Least(self, node: exp.Least) -> Code:
         return self._extreme("_least", node)
@@ -341,7 +353,7 @@ def _int_literal(value: int) -> Code:
     t = T.literal_type(value)
     if t.kind != "int":
         raise Unsupported(f"the number {value}: beyond HUGEINT, DuckDB reads a DOUBLE")
-    return Code(repr(value), t, False, value)
+    return Code(repr(value), t, False, value, not_null=True)
 
 
 def _arg(c: Code) -> Arg:

@@ -75,6 +75,7 @@ class Source:
     loop: str  # the Python iterable its rows come from
     nullable: bool = False  # LEFT JOIN: the row may be None
     describe: str = ""
+    not_null: frozenset[str] = frozenset()  # columns never NULL in a row it holds (a table's NOT NULL and key)
 
 
 @dataclass
@@ -107,8 +108,19 @@ class _Gen:
 AGGREGATES = (exp.Count, exp.Sum, exp.Min, exp.Max)
 
 
-def plan_query(select: exp.Expression, names: Names, gen: _Gen, outer: list[Source] | None = None) -> Query:
-    """Compiles a SELECT (or VALUES) into a function; `outer` are the sources a correlated subquery sees."""
+def plan_query(
+    select: exp.Expression,
+    names: Names,
+    gen: _Gen,
+    outer: list[Source] | None = None,
+    pushed: list[exp.Expression] | None = None,
+) -> Query:
+    """Compiles a SELECT (or VALUES) into a function; `outer` are the sources a correlated subquery sees.
+
+    `pushed`: conditions of an enclosing query over this one's output columns, checked before a row is
+    built (the outer query's filter on a subquery in its FROM, moved in: `WHERE r <= 3` over a
+    `row_number()` builds three rows, not every row).
+    """
     if isinstance(select, exp.Subquery):
         select = select.this
     if isinstance(select, exp.Values):
@@ -121,12 +133,15 @@ def plan_query(select: exp.Expression, names: Names, gen: _Gen, outer: list[Sour
     distinct = select.args.get("distinct")
     if distinct is not None and distinct.args.get("on"):
         raise Unsupported("DISTINCT ON runs in DuckDB")
-    return _Planner(select, names, gen, outer or []).plan()
+    return _Planner(select, names, gen, outer or [], pushed or []).plan()
 
 
 class _Planner:
-    def __init__(self, select: exp.Select, names: Names, gen: _Gen, outer: list[Source]) -> None:
+    def __init__(
+        self, select: exp.Select, names: Names, gen: _Gen, outer: list[Source], pushed: list[exp.Expression]
+    ) -> None:
         self.select = select
+        self.pushed = pushed
         self.names = names
         self.gen = gen
         self.outer = outer
@@ -172,6 +187,8 @@ class _Planner:
             out_names, out_types, tail = self._ungrouped(row_vars)
         outer_vars = sorted(self.used_outer)
         header = [f"def {fn}(ctx{''.join(', ' + v for v in outer_vars)}):", "    P = ctx.params", "    E = []"]
+        if any(line.lstrip().startswith(tuple(f"{s.var} = _get(" for s in self.sources)) for line in body):
+            header.append("    _get = ctx.get")
         source = "\n".join([*(s.source for s in self.subqueries), *header, *self.hoisted, *body, *tail])
         batch_var = self.sources[0].var if len(self.sources) == 1 and self.sources[0].loop == "ctx.batch" else None
         single = (grouped and not sel.args.get("group")) or (
@@ -221,7 +238,7 @@ class _Planner:
         if isinstance(node, exp.Subquery):
             if side:
                 raise Unsupported("a LEFT JOIN of a subquery runs in DuckDB")
-            q = plan_query(node.this, self.names, self.gen, self.outer + self.sources)
+            q = self._from_subquery(node, alias, where if on is None and not self.sources else [])
             self._correlated(q)
             self.subqueries.append(q)
             cols = dict(zip(q.names, q.types, strict=True))
@@ -250,6 +267,7 @@ class _Planner:
                 raise Unsupported("a LEFT JOIN of the input batch runs in DuckDB")
             src = Source(alias, var, cols, "ctx.batch", describe=f"{alias}: the input batch")
             return self._enter(src, on or [], body, depth)
+        solid = frozenset(rel.not_null) | frozenset(rel.key)
         pinned = self._pinned(rel, alias, (on if on is not None else where))
         if pinned is not None:
             exprs, used = pinned
@@ -257,7 +275,7 @@ class _Planner:
                 (on if on is not None else where).remove(u)
             key = exprs[0] if len(exprs) == 1 else f"({', '.join(exprs)},)"
             how = "opt" if side == "LEFT" else "one"
-            src = Source(alias, var, cols, f"_{how}(ctx.get({name!r}, {key}))", side == "LEFT")
+            src = Source(alias, var, cols, f"_{how}(ctx.get({name!r}, {key}))", side == "LEFT", not_null=solid)
             src.describe = f"{alias}: {name} by primary key ({', '.join(rel.key)})" + (" (LEFT)" if side else "")
             if self.sources and self.sources[0].loop == "ctx.batch" and not self.used_outer:
                 batch = self.sources[0].var
@@ -271,9 +289,11 @@ class _Planner:
         if keyset is not None:
             keys, used = keyset
             (on if on is not None else where).remove(used)
-            src = Source(alias, var, cols, f"ctx.many({name!r}, {keys})", describe=f"{alias}: {name} by keys in a set")
+            how = f"{alias}: {name} by keys in a set"
+            src = Source(alias, var, cols, f"ctx.many({name!r}, {keys})", describe=how, not_null=solid)
             return self._enter(src, on or [], body, depth)
-        src = Source(alias, var, cols, f"ctx.scan({name!r})", describe=f"{alias}: scan of {name} (small tables only)")
+        how = f"{alias}: scan of {name} (small tables only)"
+        src = Source(alias, var, cols, f"ctx.scan({name!r})", describe=how, not_null=solid)
         return self._enter(src, on or [], body, depth)
 
     def _key_set(
@@ -305,13 +325,62 @@ class _Planner:
                 return "[" + ", ".join(code.source for code in codes) + "]", c
         return None
 
+    def _from_subquery(self, node: exp.Subquery, alias: str, where: list[exp.Expression]) -> Query:
+        """A subquery in FROM, with the conjuncts of `where` (the outer WHERE) it can check itself moved in.
+
+        Only for the one source of a query without outer rows or joins, and a subquery
+        without LIMIT/OFFSET (filtering before them would change which rows they
+        keep); a conjunct moves when it reads nothing but the subquery's columns.
+        """
+        select = node.this
+        movable = []
+        if (
+            where
+            and not self.outer
+            and not self.select.args.get("joins")
+            and isinstance(select, exp.Select)
+            and not select.args.get("limit")
+            and not select.args.get("offset")
+        ):
+            movable = [c for c in where if _over_columns_of(c, alias)]
+        if movable:
+            try:
+                q = plan_query(select, self.names, self.gen, self.outer + self.sources, movable)
+            except Unsupported:
+                pass
+            else:
+                for c in movable:
+                    where.remove(c)
+                return q
+        return plan_query(select, self.names, self.gen, self.outer + self.sources)
+
     def _enter(self, src: Source, on: list[exp.Expression], body: list[str], depth: int) -> int:
-        body.append(_indent(depth, f"for {src.var} in {src.loop}:"))
+        lookup = _LOOKUP.fullmatch(src.loop)
         self.sources.append(src)
         self.describe.append(src.describe)
-        depth += 1
+        if lookup is not None and depth > 1:  # inside a loop already: a key lookup is a plain read
+            how, table_key = lookup.groups()
+            body.append(_indent(depth, f"{src.var} = _get({table_key})"))
+            if how == "one":
+                body.append(_indent(depth, f"if {src.var} is None: continue"))
+        else:
+            body.append(_indent(depth, f"for {src.var} in {src.loop}:"))
+            depth += 1
         body += self._filter(list(on), depth)
         return depth
+
+    def _pushed_filter(self, codes: list[Code], names: list[str]) -> list[str]:
+        """The lines skipping an output row that fails a condition moved in from the enclosing query."""
+        if not self.pushed:
+            return []
+        if len(set(names)) < len(names) or any(c.fails for c in codes):
+            raise Unsupported("the enclosing query's filter stays outside")
+        env = _Outputs(self.names, dict(zip(names, codes, strict=True)))
+        conds = [compile_expr(c, env) for c in self.pushed]
+        if any(c.fails for c in conds):
+            raise Unsupported("the enclosing query's filter stays outside")
+        self.describe.append("filter (from the enclosing query): " + " AND ".join(c.sql("duckdb") for c in self.pushed))
+        return [f"        if ({c.source}) is not True: continue" for c in conds]
 
     def _filter(self, conjuncts: list[exp.Expression], depth: int) -> list[str]:
         """Lines skipping the rows `conjuncts` do not all hold for.
@@ -452,6 +521,7 @@ class _Planner:
             if row_vars
             else "    O = []\n    for _i, _ in enumerate(E):"
         )
+        tail += self._pushed_filter(codes, names)
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, names, env, "E")
         return names, [c.type for c in codes], tail
@@ -514,6 +584,7 @@ class _Planner:
             tail += self._window_code(windows, env, "E")
         codes = [env.compile(e) for _, e in items]
         tail.append("    O = []\n    for _i, (_k, _a) in enumerate(E):")
+        tail += self._pushed_filter(codes, [n for n, _ in items])
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, [n for n, _ in items], env, "E")
         return [n for n, _ in items], [c.type for c in codes], tail
@@ -588,11 +659,45 @@ class _Planner:
 
 def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
     """One ORDER BY term's sort key (with a trailing comma): numbers sort without a wrapper object."""
-    helper = "_number_key" if code.type.kind in ("int", "float", "bool") else "_sort_key"
+    kind = code.type.kind
+    if code.not_null and kind in ("int", "bool"):  # never NULL, never NaN: the value is its own key
+        return f"-({code.source}), " if desc else f"{code.source}, "
+    helper = "_number_key" if kind in ("int", "float", "bool") else "_sort_key"
     return f"{helper}({code.source}, {desc}, {nulls_first}), "
 
 
 # ------------------------------------------------------------------ envs
+_LOOKUP = re.compile(r"_(one|opt)\(ctx\.get\((.*)\)\)")
+
+
+def _over_columns_of(cond: exp.Expression, alias: str) -> bool:
+    """Whether `cond` reads only columns (of `alias`, or unqualified), literals and parameters: no subquery,
+    aggregate or window of its own."""
+    if any(cond.find(kind) for kind in (exp.Subquery, exp.Exists, exp.Window, exp.Select, *AGGREGATES)):
+        return False
+    return all(col.table in ("", alias) for col in cond.find_all(exp.Column))
+
+
+class _Outputs:
+    """Expressions over a query's output columns, by name (each its projection's code)."""
+
+    def __init__(self, names: Names, columns: dict[str, Code]) -> None:
+        self.names = names
+        self.columns = columns
+
+    def column(self, node: exp.Column) -> Code:
+        code = self.columns.get(node.name)
+        if code is None:
+            raise Unsupported(f"unknown column {node.sql('duckdb')}")
+        return code
+
+    def param(self, name: str) -> Code:
+        return _param(self.names, name)
+
+    def other(self, node: exp.Expression) -> Code:
+        raise Unsupported(f"{node.sql('duckdb')} runs in DuckDB")
+
+
 class _RowEnv:
     """Expressions over the current source rows (inside the loops)."""
 
@@ -663,7 +768,7 @@ class _EnvGroups:
     def compile(self, node: exp.Expression) -> Code:
         i = self.keys.get(node.sql())
         if i is not None:
-            return Code(f"_k[{i}]", self.key_codes[i].type, False)
+            return Code(f"_k[{i}]", self.key_codes[i].type, False, not_null=self.key_codes[i].not_null)
         return compile_expr(node, self)
 
     def column(self, node: exp.Column) -> Code:
@@ -673,7 +778,7 @@ class _EnvGroups:
             if len(matches) != 1:
                 raise Unsupported(f"column {node.sql('duckdb')} is neither grouped nor aggregated")
             i = matches[0]
-        return Code(f"_k[{i}]", self.key_codes[i].type, False)
+        return Code(f"_k[{i}]", self.key_codes[i].type, False, not_null=self.key_codes[i].not_null)
 
     def param(self, name: str) -> Code:
         return _param(self.planner.names, name)
@@ -681,10 +786,10 @@ class _EnvGroups:
     def other(self, node: exp.Expression) -> Code:
         i = self.keys.get(node.sql())
         if i is not None:
-            return Code(f"_k[{i}]", self.key_codes[i].type, False)
+            return Code(f"_k[{i}]", self.key_codes[i].type, False, not_null=self.key_codes[i].not_null)
         j = self.aggs.get(node.sql())
         if j is not None:
-            return Code(f"_a[{j}]", self.specs[j].type, False)
+            return Code(f"_a[{j}]", self.specs[j].type, False, not_null=self.specs[j].not_null)
         if isinstance(node, exp.Window):
             return _window_value(self.windows, node)
         if isinstance(node, exp.Subquery | exp.Exists | exp.In):
@@ -702,13 +807,13 @@ def _param(names: Names, name: str) -> Code:
 def _read(src: Source, name: str) -> Code:
     if src.nullable:
         return Code(f"(None if {src.var} is None else {src.var}[{name!r}])", src.columns[name], False)
-    return Code(f"{src.var}[{name!r}]", src.columns[name], False)
+    return Code(f"{src.var}[{name!r}]", src.columns[name], False, not_null=name in src.not_null)
 
 
 def _window_value(windows: list[exp.Window], node: exp.Window) -> Code:
     for j, w in enumerate(windows):
         if w is node or w.sql() == node.sql():
-            return Code(f"W[_i][{j}]", T.BIGINT, False)
+            return Code(f"W[_i][{j}]", T.BIGINT, False, not_null=True)
     raise Unsupported(f"window {node.sql('duckdb')}")
 
 
@@ -719,6 +824,7 @@ class _AggSpec:
     step: str  # a statement with `{a}` for the accumulator slot
     final: str  # a function of the accumulator
     type: SqlType
+    not_null: bool = False  # counts
 
 
 def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
@@ -726,11 +832,11 @@ def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
     arg = node.this.expressions[0] if distinct else node.this
     if isinstance(node, exp.Count):
         if isinstance(arg, exp.Star):
-            return _AggSpec("0", "{a} += 1", "_same", T.BIGINT)
+            return _AggSpec("0", "{a} += 1", "_same", T.BIGINT, not_null=True)
         c = compile_expr(arg, env)
         if distinct:
-            return _AggSpec("set()", f"_v = {c.source}\nif _v is not None: {{a}}.add(_v)", "len", T.BIGINT)
-        return _AggSpec("0", f"if ({c.source}) is not None: {{a}} += 1", "_same", T.BIGINT)
+            return _AggSpec("set()", f"_v = {c.source}\nif _v is not None: {{a}}.add(_v)", "len", T.BIGINT, True)
+        return _AggSpec("0", f"if ({c.source}) is not None: {{a}} += 1", "_same", T.BIGINT, not_null=True)
     if distinct:
         raise Unsupported(f"{node.sql('duckdb')}: DISTINCT aggregates other than count run in DuckDB")
     c = compile_expr(arg, env)

@@ -28,7 +28,7 @@ from sqlglot import exp
 
 from streamtx.server import sqltree
 from streamtx.server.sqlc import relational
-from streamtx.server.sqlc.casts import bind_value
+from streamtx.server.sqlc.casts import bind_value, identity
 from streamtx.server.sqlc.columns import arrow_type, caster
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError, Unsupported
@@ -157,12 +157,13 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
         schema = pa.schema([(c, arrow_type(t)) for c, t in rel.columns])
         order = [columns.index(c) if c in columns else None for c, _ in rel.columns]
 
+        build = _row_builder(None, order, casts)
+
         def emit(ctx: Ctx) -> Result:
             rows = fn(ctx)
             if not rows:
                 return Result()
-            out = [tuple([None if i is None else casts[i](r[i]) for i in order]) for r in rows]
-            return Result(emitted=out, schema=schema)
+            return Result(emitted=list(map(build, rows)), schema=schema)
 
         return Statement("emit", rel.name, emit, describe, q.source, _prefetch(q))
     if not rel.key:
@@ -284,10 +285,17 @@ class _Writer:
         self.key = rel.key
         self.not_null = list(rel.not_null)
         self.conflict = conflict
+        self.build = _row_builder([c for c, _ in self.positions], [i for _, i in self.positions], casts)
+        self.key_of = _row_builder(None, [self.all.index(c) for c in self.key], [], by_name=self.all)
+        self.has_null = (
+            _row_builder(None, [self.all.index(c) for c in self.not_null], [], by_name=self.all, test="is None")
+            if self.not_null
+            else None
+        )
 
     def __call__(self, ctx: Ctx, rows: list[tuple[Any, ...]]) -> None:
-        new_rows = [{c: (None if i is None else self.casts[i](r[i])) for c, i in self.positions} for r in rows]
-        keys = [_key(row, self.key) for row in new_rows]
+        new_rows = list(map(self.build, rows))
+        keys = list(map(self.key_of, new_rows))
         store = ctx.store
         mode = self.conflict.mode
         if mode == "error":  # DuckDB's order: a key the table holds, then NOT NULL, then keys repeated
@@ -324,9 +332,51 @@ class _Writer:
 
     def _not_null(self, rows: list[dict[str, Any]]) -> None:
         """NOT NULL, a constraint at a time over all rows, in the order DuckDB checks its constraints."""
+        if self.has_null is None or not any(map(self.has_null, rows)):
+            return
         for c in self.not_null:
             if any(row[c] is None for row in rows):
                 raise SqlError(f"Constraint Error: NOT NULL constraint failed: {self.table}.{c}")
+
+
+def _row_builder(
+    names: list[str] | None,
+    order: list[int | None],
+    casts: list[Callable[[Any], Any]],
+    *,
+    by_name: list[str] | None = None,
+    test: str = "",
+) -> Callable[[Any], Any]:
+    """A generated function of one row: its values at `order` (None: NULL), each through its cast.
+
+    `names`: it returns a dict of them; else a tuple, or the one value of a
+    one-column key. `by_name`: the row is a dict, read by these column names.
+    `test` ("is None"): it returns whether any value passes it. A function per
+    statement, made at deploy: no per-value loop or identity cast at run time.
+    """
+    ns: dict[str, Any] = {}
+    values = []
+    for i in order:
+        if i is None:
+            values.append("None")
+            continue
+        read = f"r[{by_name[i]!r}]" if by_name is not None else f"r[{i}]"
+        cast = casts[i] if casts else identity
+        if cast is identity:
+            values.append(read)
+        else:
+            ns[f"c{i}"] = cast
+            values.append(f"c{i}({read})")
+    if test:
+        body = " or ".join(f"{v} {test}" for v in values) or "False"
+    elif names is not None:
+        body = "{" + ", ".join(f"{n!r}: {v}" for n, v in zip(names, values, strict=True)) + "}"
+    elif len(values) == 1 and by_name is not None:
+        body = values[0]
+    else:
+        body = "(" + "".join(f"{v}, " for v in values) + ")"
+    exec(compile(f"def build(r):\n    return {body}", "<row builder>", "exec"), ns)
+    return ns["build"]
 
 
 # ------------------------------------------------------------------ UPDATE
