@@ -14,9 +14,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from streamtx.server.partition import state
 from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.statement import compile_statement
 from streamtx.testing import Harness, run
@@ -127,6 +128,43 @@ def test_compiled_statements_do_what_duckdb_does(body: list[str], batches: list[
         sql_compiler=("off", "on"),
         interval_size=3,
     )
+
+
+IN_DUCKDB = st.sampled_from(  # SQL the compiler leaves to DuckDB: it writes the tables behind the working set's back
+    [
+        "INSERT INTO kv SELECT k + 3, v, md5(coalesce(s, '')) FROM ins WHERE k IS NOT NULL ON CONFLICT DO NOTHING",
+        "DELETE FROM kv WHERE hash(k) % 2 = 0 AND k IN (SELECT k FROM ins)",
+    ]
+)
+
+
+@settings(max_examples=max(EXAMPLES // 2, 10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    body=st.lists(st.one_of(statements(), IN_DUCKDB), min_size=1, max_size=4),
+    batches=st.lists(st.lists(ROW, min_size=1, max_size=4), min_size=1, max_size=6),
+)
+@example(  # DuckDB inserts key 5 behind the index's back; the compiled UPDATE must find it
+    body=[
+        "INSERT INTO kv SELECT k + 3, v, md5(coalesce(s, '')) FROM ins WHERE k IS NOT NULL ON CONFLICT DO NOTHING",
+        "UPDATE kv SET v = v + 1 WHERE k = 5",
+    ],
+    batches=[[{"k": 2, "v": 1, "s": "a", "flag": True}]],
+)
+def test_keys_known_absent_without_duckdb_change_nothing(body: list[str], batches: list[list[dict]]) -> None:
+    """The key index (partition/state.py `KeyIndex`) read at the first lookup: the same outcomes as DuckDB's.
+
+    Its set must stay a superset of the keys in DuckDB through compiled deletes, SQL
+    that inserts and deletes behind it, aborted TEs and rolled-back intervals.
+    """
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(state, "INDEX_AFTER", 0)
+        run(
+            deploy(body),
+            [("ins", rows) for rows in batches],
+            setup=lambda h: h.call("fill"),
+            sql_compiler=("off", "on"),
+            interval_size=3,
+        )
 
 
 COMPILED = [

@@ -57,6 +57,7 @@ _Kind = tuple[type, int | None, int | None]
 """A column's exact Python type and, for integers, its range."""
 
 CACHED_ROWS = 100_000  # rows of one table the working set keeps across intervals
+INDEX_AFTER = 64  # keys of a table looked up in DuckDB before its keys are held in memory (`KeyIndex`)
 SMALL = 4  # rows (or keys) few enough for one parameterized statement each, rather than a registered relation
 SPLIT_WRITE_BACK = 64  # new rows of a table that pay for a separate INSERT beside its upsert
 DEFER_MAX = 20_000  # dirty rows and retained output parts held back from DuckDB, at most (write-behind)
@@ -195,6 +196,57 @@ def _fits(v: Any, kind: _Kind) -> bool:
     return cls is not str or v.isascii() or _encodable(v)
 
 
+class KeyIndex:
+    """The keys each table may hold in DuckDB, a superset: a key outside it is certainly not there, no query.
+
+    Keys that are mostly new (the voter's votes, phones) would otherwise cost
+    a DuckDB lookup each, dearer as the table grows. A table's set is read
+    with one scan of its key columns once `INDEX_AFTER` keys of it were looked
+    up since DuckDB's own SQL last wrote it (so a table that SQL keeps writing
+    is never scanned for it); every write-back adds its keys; a delete
+    removes none, so the set stays a superset whatever commits or rolls back.
+    SQL that may write a table drops its set (`StateStore.barrier`), and a
+    rollback drops all (a set read inside the transaction may lack a deleted
+    row the rollback brings back). Only keys of the column's own Python type
+    are judged by it (an int for an integer key, a str for a string key), as
+    DuckDB would cast any other before comparing.
+    """
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, tuple[type, ...]] = {}  # table -> its key columns' Python types (indexable tables)
+        self.keys: dict[str, set[Any]] = {}
+        self.looked_up: dict[str, int] = {}
+
+    def reset(self, kinds: dict[str, tuple[type, ...]]) -> None:
+        self.kinds = kinds
+        self.keys = {}
+        self.looked_up = {}
+
+    def forget(self, tables: Iterable[str] | None = None) -> None:
+        """DuckDB's SQL may write `tables` (None: any): their sets no longer hold."""
+        if tables is None:
+            self.keys = {}
+            self.looked_up = {}
+            return
+        for t in tables:
+            self.keys.pop(t, None)
+            self.looked_up.pop(t, None)
+
+    def add(self, table: str, keys: Iterable[Any]) -> None:
+        held = self.keys.get(table)
+        if held is not None:
+            held.update(keys)
+
+    def judged(self, table: str, key: Any) -> bool:
+        """Whether `key` is of the type the set holds (else DuckDB decides, casting it)."""
+        kinds = self.kinds[table]
+        if len(kinds) == 1:
+            return type(key) is kinds[0]
+        if type(key) is not tuple or len(key) != len(kinds):
+            return False
+        return all(type(k) is c for k, c in zip(key, kinds, strict=True))
+
+
 class TableCheck:
     """Which rows a table certainly takes as they are: their write may wait (write-behind, module docstring).
 
@@ -292,6 +344,7 @@ class StateStore:
         self.key_columns: dict[str, tuple[str, ...]] = {}  # table -> its primary key columns (compiled SQL)
         self.columns: dict[str, list[str]] = {}
         self.checks: dict[str, TableCheck] = {}  # tables whose rows may wait in the working set
+        self.index = KeyIndex()
         # retained-stream tuples (tables, or row values of the stream's shape), marks and trims not yet in DuckDB
         self.pending = Pending()
         self._shapes: dict[str, RowShape | None] = {}
@@ -330,13 +383,20 @@ class StateStore:
             if not nullable:
                 not_null.setdefault(t, set()).add(name)
         self.checks = {}
+        kinds: dict[str, tuple[type, ...]] = {}
         for t, pk in self.key_columns.items():
-            if t in constrained or t not in self.columns:
+            if t not in self.columns:
                 continue
             schema = con.sql(f"SELECT * FROM {quote(t)} LIMIT 0").to_arrow_table().schema
+            key_kinds = [_kind_of(schema.field(c).type) for c in pk]
+            if all(k is not None and k[0] in (int, str) for k in key_kinds):
+                kinds[t] = tuple(k[0] for k in key_kinds)  # type: ignore[index]
+            if t in constrained:
+                continue
             check = TableCheck.of(pk, schema, not_null.get(t, set()))
             if check is not None:
                 self.checks[t] = check
+        self.index.reset(kinds)
         self._shapes = {}
         self.ws.clear()
 
@@ -373,6 +433,10 @@ class StateStore:
             self._load(table, list(keys))
 
     def _load(self, table: str, keys: list[Any]) -> None:
+        if table in self.index.kinds:
+            keys = self._unindexed(table, keys)
+            if not keys:
+                return
         key_cols = self.key_columns.get(table)
         if key_cols is not None and len(key_cols) > 1:
             self._load_composite(table, key_cols, keys)
@@ -389,6 +453,31 @@ class StateStore:
         for r in rows:
             found[r[pk_index]] = dict(zip(cols, r, strict=True))
         self._loaded(table, found, len(rows))
+
+    def _unindexed(self, table: str, keys: list[Any]) -> list[Any]:
+        """The keys DuckDB must be asked for; those the `KeyIndex` knows absent join the working set as None."""
+        index = self.index
+        held = index.keys.get(table)
+        if held is None:
+            index.looked_up[table] = index.looked_up.get(table, 0) + len(keys)
+            if index.looked_up[table] < INDEX_AFTER:
+                return keys
+            held = index.keys[table] = self._read_keys(table)
+        absent = [k for k in keys if k not in held and index.judged(table, k)]
+        if not absent:
+            return keys
+        self._loaded(table, dict.fromkeys(absent), 0)
+        gone = set(absent)
+        return [k for k in keys if k not in gone]
+
+    def _read_keys(self, table: str) -> set[Any]:
+        cols = self.key_columns[table]
+        data = self.engine.con.execute(
+            f"SELECT {', '.join(quote(c) for c in cols)} FROM {quote(table)}"
+        ).to_arrow_table()
+        if len(cols) == 1:
+            return set(data.column(0).to_pylist())
+        return set(zip(*(c.to_pylist() for c in data.columns), strict=True))
 
     def _load_composite(self, table: str, key_cols: tuple[str, ...], keys: list[tuple[Any, ...]]) -> None:
         cols = self.columns[table]
@@ -500,7 +589,12 @@ class StateStore:
             if pk is None or not all(type(r) is dict and r.get(pk) == k for k, r in zip(keys, rows, strict=True)):
                 self._write(table, "INSERT OR REPLACE", rows)
                 ws.absent.pop(table, None)  # rows went under other keys: nothing is known missing any more
+                if pk is not None or not self._keyed(table, keys, rows):
+                    self.index.forget([table])
+                else:
+                    self.index.add(table, keys)
                 continue
+            self.index.add(table, keys)
             absent = ws.absent.get(table)
             new = [have[k] for k in keys if k in absent] if absent else []
             old = [have[k] for k in keys if k not in absent] if new else rows
@@ -514,6 +608,13 @@ class StateStore:
                 absent.difference_update(keys)  # the table holds them all now
         ws.written_back(chosen)
         return written
+
+    def _keyed(self, table: str, keys: list[Any], rows: list[Row]) -> bool:
+        """Whether each row's (composite) primary key equals the key it is held under."""
+        cols = self.key_columns.get(table)
+        if cols is None or len(cols) < 2:
+            return False
+        return all(type(r) is dict and tuple(r.get(c) for c in cols) == k for k, r in zip(keys, rows, strict=True))
 
     def write_back_in(self, procedure: str | None) -> None:
         """`write_back` as the end of a TE: rows a constraint refuses abort it, as its own statement would."""
@@ -568,6 +669,8 @@ class StateStore:
         `writes` names the tables the statement may write (None: any); the
         rows held of the others stay valid, as DuckDB holds them too.
         """
+        if writes is None or writes:
+            self.index.forget(writes)
         if self.ws.rows or self.pending or self.engine.windows.dirty():
             self.flush()
             if writes is None:
@@ -737,6 +840,7 @@ class StateStore:
     def rollback(self) -> None:
         """The transaction rolled back: the working set and what was held back return to `begin`."""
         self.ws.rollback()
+        self.index.forget()
         self.engine.windows.rolled_back()
         if self._begun is None:
             return
