@@ -87,6 +87,7 @@ class Dataflow:
         self.engine = engine
         self.journal: Journal | None = None  # the command log's writer; None while replaying it
         self._open = False  # a coordinated command's transaction is open, awaiting `decide`
+        self.push_rows: dict[int, list[Row]] = {}  # ts -> its batch's rows, converted once by `_prefetch_sql`
         self._open_windows: Any = None
         self._open_stored: set[str] = set()
         self._open_specs: list[tuple[TeSpec, pa.Table]] = []
@@ -519,6 +520,7 @@ class Dataflow:
         eng = self.engine
         cat = eng.catalog
         wanted: dict[str, list[Any]] = {}
+        self.push_rows = {}
         for p in pushes:
             lookups = [
                 f
@@ -529,7 +531,8 @@ class Dataflow:
             if not lookups:
                 continue
             params = dict.fromkeys(TS_PARAMS, p.ts)
-            for row in table_rows(p.batch):
+            rows = self.push_rows[p.ts] = table_rows(p.batch)
+            for row in rows:
                 for table, key in lookups:
                     try:
                         wanted.setdefault(table, []).append(key(row, params))
@@ -668,7 +671,7 @@ class _Run:
 
     def _transaction(self, te: TeSpec, batch: pa.Table | None) -> Transaction:
         known = self.values.get(te.stream) if batch is not None and te.stream is not None else None
-        return Transaction(
+        tx = Transaction(
             self.eng,
             te.procedure,
             self.ts,
@@ -677,6 +680,9 @@ class _Run:
             self.call_params if te.stream is None else None,
             known[1] if known is not None and known[0] is batch else None,
         )
+        if te.border and self.push is not None and batch is self.push.batch:
+            tx.input_rows = self.flow.push_rows.get(self.ts)
+        return tx
 
     def _run_te(self, te: TeSpec, tx: Transaction, batch: pa.Table | None) -> None:
         cat = self.eng.catalog

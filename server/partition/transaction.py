@@ -73,7 +73,8 @@ class Transaction(Tx):
         self.results: list[pa.Table] = []
         self.statements = 0
         self._input_registered = False
-        self._batch_rows: list[Row] | None = None
+        self.input_rows: list[Row] | None = None
+        """`batch`'s rows as dicts, when the partition converted them already (its prefetch did)."""
         self._depth = 0
         everywhere = engine.catalog.placement.procedures.get(procedure or "") == EVERYWHERE
         self.away = everywhere and engine.partition != 0
@@ -347,9 +348,9 @@ class Transaction(Tx):
     def rows_of(self, batch: pa.Table) -> list[Row]:
         """A batch's rows as dicts, converted once per TE (its input batch from `batch_values` when known)."""
         if batch is self.batch:
-            if self._batch_rows is None:
-                self._batch_rows = self.batch_rows()
-            return self._batch_rows
+            if self.input_rows is None:
+                self.input_rows = self.batch_rows()
+            return self.input_rows
         return table_rows(batch)
 
     def _copy(self, columns: tuple[str, ...], stream: str | None) -> bool:
