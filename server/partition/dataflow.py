@@ -569,12 +569,10 @@ class Dataflow:
         proc = cat.procedures[procedure]
         if tx.input_stream is not None and tx.batch is not None and not tx.away:
             for window in self.engine.owned_windows(procedure):
-                tx.register_input()
                 self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
-        if proc.python is not None:  # registers the batch only if it runs SQL (Transaction.sql)
+        if proc.python is not None:
             tx.run_python(self.engine.python_code(proc.python))
-        else:
-            tx.register_input()
+        else:  # the batch is registered for DuckDB only if a statement runs there (Transaction._run)
             tx.run_plan(tx.statements_of(procedure))
 
 
@@ -692,7 +690,6 @@ class _Run:
                 self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, batch))
                 tx.stored.add(te.stream)
             elif self.eng.stream_triggers(te.stream):
-                tx.register_input()
                 tx.fire_stream_triggers(te.stream, batch)
         if te.procedure is not None:
             self.flow.run_body(tx, te.procedure)

@@ -305,6 +305,7 @@ class Transaction(Tx):
                 done, out = self._run_compiled(choice.compiled, compiled, params, batch)
                 if done:
                     return out
+        self.register_input()
         self.engine.state.barrier(compiled.writes)
         bound = {p: self.ts if p in TS_PARAMS else params.get(p) for p in compiled.params}
         cursor = self.execute(compiled.sql, bound)

@@ -124,6 +124,7 @@ class Windows:
                 st.visible_end += slides * w.slide
                 self._fire(tx, self.engine.catalog.triggers_on("window", window))
             return
+        tx.register_input()
         table = f"{WINDOW_SCHEMA}.{quote(window)}"
         cols = ", ".join(quote(c) for c in self.engine.catalog.stream_schemas[stream].names)
         source = quote(batch_relation(stream))
