@@ -27,6 +27,7 @@ from .common import emit, note
 VERBS: dict[str, str] = {
     "push": "streamtx.bench.push",
     "voter": "streamtx.bench.voter",
+    "growth": "streamtx.bench.growth",
     "triggers": "streamtx.bench.triggers",
     "tstream": "streamtx.bench.tstream",
     "partitions": "streamtx.bench.partitions",

@@ -184,6 +184,18 @@ def test_bench_voter_small_run_checks_every_server_against_the_reference(capsys)
     assert RATIO_KEYS <= last.keys() and last["target"] == 5300.0 and last["matches_reference"]
 
 
+def test_bench_growth_small_run_checks_each_level_against_the_reference(capsys):
+    """Loaded votes, warm-up and a timed round per level, each checked net of what was loaded."""
+    args = ["growth", "--quick", "--quiet", "--levels", "100,2000", "--batches", "40", "--rounds", "1"]
+    assert main(args) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    measured = [x for x in lines if "stored_votes" in x]
+    assert [x["stored_votes"] for x in measured] == [100, 2000]
+    assert all(x["matches_reference"] and x["batches_per_s"] > 0 and x["batches"] == 40 for x in measured)
+    last = lines[-1]
+    assert RATIO_KEYS <= last.keys() and last["target"] == 0.8 and last["levels"] == [100, 2000]
+
+
 def test_a_broken_verb_does_not_take_the_others_down(monkeypatch, capsys):
     import streamtx.bench as bench
 
