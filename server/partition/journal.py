@@ -88,7 +88,13 @@ class Journal:
         if mode == "off" or directory is None:
             return cls("off", NullLog())
         LogReader(directory / "log", READABLE)  # a log of another release is refused before anything is written
-        log = CommandLog(directory / "log", group_ms=group_ms, on_durable=wake, payload_format=COMMAND_FORMAT)
+        log = CommandLog(
+            directory / "log",
+            group_ms=group_ms,
+            on_durable=wake,
+            on_failure=lambda _error: wake(-1),  # a partition idle with acks waiting must see the failure too
+            payload_format=COMMAND_FORMAT,
+        )
         return cls(mode, log, sync=group_ms <= 0)
 
     @property
