@@ -35,6 +35,7 @@ from .common import (
     interleave,
     latency_summary,
     median_round,
+    parse_sizes,
     plot_bars,
     progress,
     push_batches,
@@ -80,7 +81,7 @@ class Level:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--levels",
-        type=lambda t: tuple(sorted({int(x) for x in t.split(",")})),
+        type=parse_sizes,
         default=None,
         metavar="N,N",
         help="stored votes per server (default 10000,100000,1000000; --quick 1000,10000,100000)",

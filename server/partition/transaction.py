@@ -114,9 +114,7 @@ class Transaction(Tx):
         if stream not in self.engine.catalog.retained:
             self._emitted(stream, table)
             return
-        # a retained stream is read only after the commit: stored once per interval, at the commit
-        self.engine.state.pending.out.setdefault(stream, []).append((self.ts, table))
-        self.stored.add(stream)
+        self._store(stream, table)
 
     def abort(self, reason: str) -> None:
         raise Aborted(reason)
@@ -234,8 +232,7 @@ class Transaction(Tx):
         a compiled statement downstream skips converting them back.
         """
         if stream in self.engine.catalog.retained:
-            self.engine.state.pending.out.setdefault(stream, []).append((self.ts, values))
-            self.stored.add(stream)
+            self._store(stream, values)
             return
         table = shape.table(values)
         self._emitted(stream, table)
@@ -251,10 +248,14 @@ class Transaction(Tx):
             return
         table = result.emitted_table()
         if stream in self.engine.catalog.retained:
-            self.engine.state.pending.out.setdefault(stream, []).append((self.ts, table))
-            self.stored.add(stream)
+            self._store(stream, table)
         else:
             self._emitted(stream, table)
+
+    def _store(self, stream: str, part: pa.Table | list[Values]) -> None:
+        """Tuples on a retained stream: read only after the commit, so stored once per interval, at the commit."""
+        self.engine.state.pending.out.setdefault(stream, []).append((self.ts, part))
+        self.stored.add(stream)
 
     def run_compiled(
         self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: pa.Table | None = None
