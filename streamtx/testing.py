@@ -186,11 +186,11 @@ class Harness:
             from_batch = batches[-1][0] + 1
 
     def tables(self) -> dict[str, pa.Table]:
-        """Every table and window of the catalog, by name, rows in ORDER BY ALL order: harnesses compare by value."""
+        """Every table, view and window of the catalog, by name, rows in ORDER BY ALL order (compared by value)."""
         self.engine.state.sync()
         return {
             name: self.engine.query(f"SELECT * FROM {quote(name)} ORDER BY ALL", {})
-            for name in sorted([*self.catalog.tables, *self.engine.catalog.windows])
+            for name in sorted([*self.catalog.readable, *self.engine.catalog.windows])
         }
 
     def outputs(self) -> dict[str, list[tuple[int, pa.Table]]]:

@@ -42,7 +42,7 @@ def drop_all(client) -> None:
     status = client.status()
     drops = [
         f"DROP {kind.upper()} {name};"
-        for kind in ("trigger", "procedure", "window", "stream", "table")
+        for kind in ("trigger", "procedure", "window", "stream", "view", "table")
         for name in status.get(kind + "s", [])
     ]
     if drops:

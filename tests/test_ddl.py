@@ -17,6 +17,7 @@ from streamtx.server.catalog.ddl import (
     CreateStream,
     CreateTable,
     CreateTrigger,
+    CreateView,
     CreateWindow,
     DdlError,
     Drop,
@@ -286,6 +287,14 @@ def test_triggers():
 
 def test_indexes_pass_through():
     assert one("CREATE INDEX idx ON t (a, b);") == CreateIndex("idx", "CREATE INDEX idx ON t (a, b)", 1)
+
+
+def test_create_view():
+    query = "SELECT g, count(*) AS n FROM t GROUP BY g"
+    assert one(f"CREATE VIEW v AS {query};") == CreateView("v", query, 1)
+    assert one(f"create materialized view v as\n  {query}") == CreateView("v", query, 1)
+    assert "expected AS after the view name" in error(f"CREATE VIEW v {query}").message
+    assert "expected SELECT ... GROUP BY after AS" in error("CREATE VIEW v AS VALUES (1)").message
     stmt = one('create unique index if not exists "Ix" on t(a)')
     assert (stmt.name, stmt.sql) == ("Ix", 'create unique index if not exists "Ix" on t(a)')
     assert "an index needs a name" in error("create index on t(a)").message
@@ -308,7 +317,8 @@ def test_drops(kind):
 def test_drop_transaction_group_and_errors():
     assert one("drop transaction group g") == Drop("group", "g", False, 1)
     assert "unexpected cascade" in error("drop table t cascade").message
-    assert error("drop view v").message.startswith("unsupported statement at line 1: drop view v;")
+    assert error("drop sequence s").message.startswith("unsupported statement at line 1: drop sequence s;")
+    assert one("drop view v") == Drop("view", "v", False, 1)
 
 
 # --------------------------------------------------------------------------- top level
@@ -321,8 +331,8 @@ def test_drop_transaction_group_and_errors():
         ("select 1", "select 1"),
         ("UPDATE t SET a = 1", "UPDATE t SET"),
         ("alter table t add column b int", "alter table t"),
-        ("create view v as select 1", "create view v"),
-        ("create or replace view v as select 1", "create or replace"),
+        ("create sequence s", "create sequence s"),
+        ("create or replace macro m(a) as a", "create or replace"),
         ("begin; commit;", "begin"),
     ],
 )
@@ -331,7 +341,7 @@ def test_unsupported_statements(script, first):
     assert err.line == 3
     assert str(err) == (
         f"line 3: unsupported statement at line 3: {first}; a deploy script holds CREATE/DROP of "
-        "tables, streams, windows, procedures, triggers and indexes"
+        "tables, streams, windows, procedures, triggers, indexes and views"
     )
 
 
@@ -449,6 +459,7 @@ def _statement(kind: str, name: str) -> str:
         "python": f"create procedure {name} as python 'm:f'",
         "trigger": f"create trigger {name} on stream s as begin delete from t where a = 'END' end",
         "index": f"create index {name} on t (a)",
+        "view": f"create view {name} as select a, count(*) from t group by a",
         "group": f"create transaction group {name} (a, b)",
         "drop": f"drop table if exists {name}",
     }[kind]
@@ -462,6 +473,7 @@ _TYPES = {
     "python": CreateProcedure,
     "trigger": CreateTrigger,
     "index": CreateIndex,
+    "view": CreateView,
     "group": CreateGroup,
     "drop": Drop,
 }

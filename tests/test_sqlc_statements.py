@@ -150,6 +150,20 @@ IN_DUCKDB = st.sampled_from(  # SQL the compiler leaves to DuckDB: it writes the
     ],
     batches=[[{"k": 2, "v": 1, "s": "a", "flag": True}]],
 )
+@example(  # a stored key (2) clashes before one this TE inserted (3), though 3 comes first: DuckDB names 2
+    body=[
+        "INSERT INTO kv SELECT k + 3, v, md5(coalesce(s, '')) FROM ins WHERE k IS NOT NULL ON CONFLICT DO NOTHING",
+        "INSERT INTO kv SELECT i.k, i.v, i.s FROM ins i LEFT JOIN lookup l ON l.id = i.k",
+    ],
+    batches=[
+        [
+            {"k": None, "v": None, "s": None, "flag": None},
+            {"k": 3, "v": 6, "s": None, "flag": None},
+            {"k": 0, "v": -1, "s": "a", "flag": True},
+            {"k": 2, "v": -14, "s": None, "flag": True},
+        ]
+    ],
+)
 def test_keys_known_absent_without_duckdb_change_nothing(body: list[str], batches: list[list[dict]]) -> None:
     """The key index (partition/state.py `KeyIndex`) read at the first lookup: the same outcomes as DuckDB's.
 

@@ -119,11 +119,13 @@ def base_scope(
     windows: Iterable[str],
     window_owner: Mapping[str, str],
     retained: frozenset[str],
+    views: Iterable[str] = (),
 ) -> Scope:
     """What any code of a catalog may name; `unit_scope` adds what one procedure or trigger may."""
     return Scope(
         owner="",
         tables=frozenset(tables),
+        views=frozenset(views),
         streams={n: tuple(c for c, _ in s.columns) for n, s in streams.items()},
         windows={n: window_owner.get(n, "") for n in windows},
         input_stream=None,

@@ -1,4 +1,4 @@
-"""The catalog: tables, streams, windows, procedures, triggers, groups.
+"""The catalog: tables, streams, windows, views, procedures, triggers, groups.
 
 A `Catalog` is a value: `deploy` returns a new, fully validated catalog or
 raises InvalidArgument and leaves the old one as it was, which is what makes a
@@ -21,10 +21,10 @@ import pyarrow as pa
 
 from streamtx.errors import InvalidArgument
 from streamtx.files import atomic_write
-from streamtx.server.catalog import bind, ddl, defs, graph, physical, placement
+from streamtx.server.catalog import bind, ddl, defs, graph, physical, placement, views
 from streamtx.server.catalog.bind import Plan, PythonResolver
 from streamtx.server.catalog.compile import Scope, compile_statement
-from streamtx.server.catalog.defs import Definitions
+from streamtx.server.catalog.defs import Definitions, TableDef
 from streamtx.server.catalog.physical import referenced_tables
 
 MAX_NAME_BYTES = 256
@@ -43,6 +43,10 @@ class Catalog(Definitions):
         self.dataflow = graph.Dataflow()
         self.schemas = bind.Schemas()
         self.placement = placement.Placement()
+        self.view_plans: dict[str, views.ViewPlan] = {}
+        self.views_on: dict[str, list[views.ViewPlan]] = {}  # table -> the views that follow it
+        self.readable: dict[str, TableDef] = {}
+        """The tables and the views (as the tables they are to readers): what SQL may read by name."""
         self.retained: frozenset[str] = frozenset()
         """Streams no procedure or EE trigger consumes: their batches are stored for Subscribe.
 
@@ -69,7 +73,7 @@ class Catalog(Definitions):
 
     def relations(self) -> physical.Relations:
         """The definitions that have a physical form (for physical.create_statements)."""
-        return physical.Relations(self.tables, self.streams, self.windows, self.indexes)
+        return physical.Relations(self.tables, self.streams, self.windows, self.indexes, self.views)
 
     # -------------------------------------------------------------------- deploy
     def deploy(
@@ -161,6 +165,7 @@ class Catalog(Definitions):
             users += [f"group {g.name}" for g in self.groups.values() if name in g.procedures]
         elif kind == "table":
             users += [f"table {t.name} (FOREIGN KEY)" for t in self.tables.values() if name in referenced_tables(t.sql)]
+            users += [f"view {v.name}" for v in self.views.values() if physical.view_table(v) == name]
         if users:
             raise InvalidArgument(
                 f"deploy: {line}: cannot drop {kind} {name!r}: used by {', '.join(users)}; drop those first"
@@ -172,9 +177,14 @@ class Catalog(Definitions):
         self.retained = graph.retained(self.streams, self.procedures.values(), self.triggers.values())
         con = bind.scratch_database(physical.create_statements(self.relations()))
         try:
-            self.schemas = bind.derive_schemas(con, self.tables, self.streams)
+            self.view_plans = views.analyze(self.views, self.tables, con)
+            self.views_on = {}
+            for plan in self.view_plans.values():
+                self.views_on.setdefault(plan.table, []).append(plan)
+            self.readable = {**self.tables, **views.as_tables(self.view_plans, self.tables)}
+            self.schemas = bind.derive_schemas(con, self.readable, self.streams)
             owners = graph.window_owners(self.windows, self.streams, self.procedures)
-            base = bind.base_scope(self.tables, self.streams, self.windows, owners, self.retained)
+            base = bind.base_scope(self.readable, self.streams, self.windows, owners, self.retained, self.views)
             self.plans = {}
             self.trigger_plans = {}
             for proc in self.procedures.values():
@@ -197,7 +207,7 @@ class Catalog(Definitions):
         )
         graph.check_groups(self.groups, self.procedures, self.dataflow)
         self.placement = placement.derive(
-            self.tables,
+            self.readable,
             self.streams,
             self.procedures,
             self.triggers,
@@ -275,7 +285,7 @@ class Catalog(Definitions):
         param_types: tuple[tuple[str, str], ...] = (),
     ) -> Scope:
         """What SQL compiled for `owner` may name (the Python procedures' SQL is compiled at run time)."""
-        base = bind.base_scope(self.tables, self.streams, self.windows, self.window_owner, self.retained)
+        base = bind.base_scope(self.readable, self.streams, self.windows, self.window_owner, self.retained, self.views)
         return bind.unit_scope(base, owner, input_stream, owned, params, param_types)
 
 

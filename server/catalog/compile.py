@@ -81,6 +81,7 @@ class Scope:
     params: frozenset[str]
     retained: frozenset[str] = frozenset()  # streams nothing consumes: stored for subscribers
     param_types: tuple[tuple[str, str], ...] = ()  # declared (name, DuckDB type) of $params
+    views: frozenset[str] = frozenset()  # readable like tables, written only by the server (catalog/views.py)
 
 
 def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
@@ -155,7 +156,13 @@ def compile_statement(sql: str, scope: Scope, line: int = 0) -> Compiled:
     if isinstance(tree, exp.Insert):
         _check_not_stream_write(tree, scope, where)
     returns_rows = isinstance(tree, exp.Query) or bool(tree.args.get("returning"))
-    return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql, writes=_written(tree))
+    writes = _written(tree)
+    views = sorted((writes or frozenset()) & scope.views)
+    if views:
+        raise InvalidArgument(
+            f"{where}: writes view {views[0]!r}; a view follows its table, which is what to write: {sql!r}"
+        )
+    return Compiled(tree.sql("duckdb"), tuple(params), None, returns_rows, sql, writes=writes)
 
 
 def _written(tree: exp.Expression) -> frozenset[str] | None:

@@ -115,6 +115,13 @@ class CreateIndex:
 
 
 @dataclass(frozen=True)
+class CreateView:
+    name: str
+    query: str  # the SELECT ... GROUP BY the view keeps
+    line: int
+
+
+@dataclass(frozen=True)
 class CreateGroup:
     name: str
     procedures: tuple[str, ...]
@@ -130,7 +137,15 @@ class Drop:
 
 
 Statement = (
-    CreateTable | CreateStream | CreateWindow | CreateProcedure | CreateTrigger | CreateIndex | CreateGroup | Drop
+    CreateTable
+    | CreateStream
+    | CreateWindow
+    | CreateProcedure
+    | CreateTrigger
+    | CreateIndex
+    | CreateView
+    | CreateGroup
+    | Drop
 )
 
 
@@ -300,7 +315,9 @@ class _Raw:
     body: tuple[tuple[str, int], ...] = ()
 
 
-_UNSUPPORTED_TAIL = "a deploy script holds CREATE/DROP of tables, streams, windows, procedures, triggers and indexes"
+_UNSUPPORTED_TAIL = (
+    "a deploy script holds CREATE/DROP of tables, streams, windows, procedures, triggers, indexes and views"
+)
 
 
 def _describe(toks: list[_Tok]) -> str:
@@ -461,6 +478,7 @@ _DROP_KINDS = {
     "PROCEDURE": "procedure",
     "TRIGGER": "trigger",
     "INDEX": "index",
+    "VIEW": "view",
     "GROUP": "group",
 }
 _AS_BODY = "expected AS BEGIN ... END or AS PYTHON 'module:function'"
@@ -837,6 +855,15 @@ def _parse_index(c: _Cursor) -> CreateIndex:
     return CreateIndex(name, c.text_of(c.toks[0], c.toks[-1]), c.line)
 
 
+def _parse_view(c: _Cursor) -> CreateView:
+    name = c.name("a view name")
+    c.expect("AS", after=" after the view name")
+    if not c.at("SELECT"):
+        c.fail(f"expected SELECT ... GROUP BY after AS, found {_show(c.peek())}")
+    first = c.toks[c.pos]
+    return CreateView(name, c.text_of(first, c.toks[-1]), c.line)
+
+
 def _parse_group(c: _Cursor) -> CreateGroup:
     name = c.name("a group name")
     inner, open_, close = c.group("procedure, ... ) after the group name")
@@ -881,7 +908,9 @@ def _parse(raw: _Raw, text: str) -> Statement:
         kind = "INDEX"
     elif c.accept("TRANSACTION", "GROUP"):
         kind = "GROUP"
-    elif c.at("TABLE") or c.at("STREAM") or c.at("WINDOW") or c.at("PROCEDURE") or c.at("TRIGGER"):
+    elif c.accept("MATERIALIZED", "VIEW"):
+        kind = "VIEW"
+    elif any(c.at(k) for k in ("TABLE", "STREAM", "WINDOW", "PROCEDURE", "TRIGGER", "VIEW")):
         kind = c.toks[c.pos].upper
         c.pos += 1
     else:
@@ -900,6 +929,7 @@ _PARSERS = {
     "STREAM": _parse_stream,
     "WINDOW": _parse_window,
     "INDEX": _parse_index,
+    "VIEW": _parse_view,
     "GROUP": _parse_group,
 }
 

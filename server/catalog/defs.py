@@ -1,4 +1,4 @@
-"""What a deploy script defines: tables, streams, windows, procedures, triggers, indexes, groups.
+"""What a deploy script defines: tables, streams, windows, procedures, triggers, indexes, views, groups.
 
 These are the catalog's source of truth; everything else (plans, the dataflow
 graph, placement, physical DDL) is derived from them. Their dict form is what
@@ -14,8 +14,8 @@ from typing import Any, Self
 from streamtx.errors import InvalidArgument
 from streamtx.server.catalog import ddl
 
-KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "group")
-RELATION_KINDS = ("table", "stream", "window", "index")
+KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "view", "group")
+RELATION_KINDS = ("table", "stream", "window", "index", "view")
 CODE_KINDS = ("procedure", "trigger", "group")
 
 
@@ -74,12 +74,20 @@ class IndexDef:
 
 
 @dataclass
+class ViewDef:
+    """A view kept up to date by every write to its table (catalog/views.py)."""
+
+    name: str
+    query: str
+
+
+@dataclass
 class GroupDef:
     name: str
     procedures: list[str]
 
 
-Definition = TableDef | StreamDef | WindowDef | ProcedureDef | TriggerDef | IndexDef | GroupDef
+Definition = TableDef | StreamDef | WindowDef | ProcedureDef | TriggerDef | IndexDef | ViewDef | GroupDef
 
 _TYPES: dict[str, type[Definition]] = {
     "table": TableDef,
@@ -88,6 +96,7 @@ _TYPES: dict[str, type[Definition]] = {
     "procedure": ProcedureDef,
     "trigger": TriggerDef,
     "index": IndexDef,
+    "view": ViewDef,
     "group": GroupDef,
 }
 
@@ -102,6 +111,7 @@ class Definitions:
         self.procedures: dict[str, ProcedureDef] = {}
         self.triggers: dict[str, TriggerDef] = {}
         self.indexes: dict[str, IndexDef] = {}
+        self.views: dict[str, ViewDef] = {}
         self.groups: dict[str, GroupDef] = {}
         self.version = 0
 
@@ -113,13 +123,14 @@ class Definitions:
             "procedure": self.procedures,
             "trigger": self.triggers,
             "index": self.indexes,
+            "view": self.views,
             "group": self.groups,
         }[kind]
 
     def kind_of(self, name: str, kind: str | None = None) -> str | None:
         """The kind of the object named `name` in the namespace of `kind`.
 
-        Relations (tables, streams, windows, indexes) share one namespace; code
+        Relations (tables, streams, windows, indexes, views) share one namespace; code
         (procedures, triggers, groups) another, so a procedure may share its
         table's name (the voter's `leaderboard`).
         """
@@ -205,6 +216,8 @@ def from_statement(st: ddl.Statement) -> tuple[str, Definition, bool, bool]:
         return "trigger", trig, st.or_replace, False
     if isinstance(st, ddl.CreateIndex):
         return "index", IndexDef(st.name, st.sql), False, False
+    if isinstance(st, ddl.CreateView):
+        return "view", ViewDef(st.name, st.query), False, False
     if isinstance(st, ddl.CreateGroup):
         return "group", GroupDef(st.name, list(st.procedures)), False, False
     raise InvalidArgument(f"deploy: unsupported statement {st!r}")

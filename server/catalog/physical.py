@@ -17,10 +17,12 @@ from sqlglot import exp
 
 from streamtx.errors import InvalidArgument
 from streamtx.server import sqltree
+from streamtx.server.catalog import views
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, quote
-from streamtx.server.catalog.defs import Definition, IndexDef, StreamDef, TableDef, WindowDef
+from streamtx.server.catalog.defs import Definition, IndexDef, StreamDef, TableDef, ViewDef, WindowDef
 
-PHYSICAL_KINDS = ("index", "window", "stream", "table")
+PHYSICAL_KINDS = ("index", "view", "window", "stream", "table")
+"""In drop order; creates go in reverse (a view after its table, an index after what it indexes)."""
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,16 @@ class Relations:
     streams: Mapping[str, StreamDef]
     windows: Mapping[str, WindowDef]
     indexes: Mapping[str, IndexDef]
+    views: Mapping[str, ViewDef]
 
     def of(self, kind: str) -> Mapping[str, Definition]:
-        return {"table": self.tables, "stream": self.streams, "window": self.windows, "index": self.indexes}[kind]
+        return {
+            "table": self.tables,
+            "stream": self.streams,
+            "window": self.windows,
+            "index": self.indexes,
+            "view": self.views,
+        }[kind]
 
 
 @dataclass(frozen=True)
@@ -55,6 +64,8 @@ def create_statements(rel: Relations) -> list[PhysicalStatement]:
         out += _create_object(rel, "stream", name)
     for name in sorted(rel.windows):
         out += _create_object(rel, "window", name)
+    for name in sorted(rel.views):
+        out += _create_object(rel, "view", name)
     for name in sorted(rel.indexes):
         out += _create_object(rel, "index", name)
     return out
@@ -64,11 +75,17 @@ def diff(old: Relations, new: Relations, dropped: set[tuple[str, str]] = frozens
     """DDL that turns `old`'s physical schema into `new`'s (drops first, then creates).
 
     An object that changed, or was dropped and created again by the deploy, is
-    rebuilt empty; an object the deploy did not touch keeps its data.
+    rebuilt empty; an object the deploy did not touch keeps its data. A view
+    is rebuilt, from its table, with its table.
     """
 
     def changed(kind: str, name: str, before: Mapping, after: Mapping) -> bool:
-        return (kind, name) in dropped or asdict(after[name]) != asdict(before[name])
+        if (kind, name) in dropped or asdict(after[name]) != asdict(before[name]):
+            return True
+        if kind == "view":
+            table = view_table(after[name])
+            return table is not None and table in old.tables and changed("table", table, old.tables, new.tables)
+        return False
 
     def order(rel: Relations, kind: str) -> list[str]:
         return table_order(rel.tables) if kind == "table" else sorted(rel.of(kind))
@@ -155,11 +172,26 @@ def _create_object(rel: Relations, kind: str, name: str) -> list[PhysicalStateme
         ]
     if kind == "index":
         return [PhysicalStatement(what, rel.indexes[name].sql)]
+    if kind == "view":  # a table of its groups, filled from its table (catalog/views.py)
+        v = rel.views[name]
+        keys = ", ".join(quote(c) for c in views.key_columns(v))
+        return [
+            PhysicalStatement(what, f"CREATE TABLE {quote(name)} AS {v.query}"),
+            PhysicalStatement(what, f"ALTER TABLE {quote(name)} ADD PRIMARY KEY ({keys})"),
+        ]
     return []
 
 
+def view_table(view: ViewDef) -> str | None:
+    """The table a view reads (None: its SQL does not say; the deploy refuses it)."""
+    try:
+        return views.source_table(view)
+    except InvalidArgument:
+        return None
+
+
 def _drop_object(kind: str, name: str) -> list[str]:
-    if kind == "table":
+    if kind in ("table", "view"):
         return [f"DROP TABLE {quote(name)}"]
     literal = "'" + name.replace("'", "''") + "'"
     if kind == "stream":  # a stream created again under this name starts with fresh dedup marks

@@ -296,6 +296,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             windows=cat.names("window"),
             procedures=cat.names("procedure"),
             triggers=cat.names("trigger"),
+            views=cat.names("view"),
             counters=st["counters"],
             last_timestamp=st["last_timestamp"],
         )

@@ -189,7 +189,7 @@ def keep_owned(eng: Engine, ws: WorkingSet) -> None:
         rows = ws.rows[table]
         for k, p in zip(keys, found, strict=True):
             if p == eng.partition:
-                eng.state.ws.write(table, k, rows[k])
+                eng.state.put(table, k, rows[k])
 
 
 def _rows(engine: Engine, table: str, keys: list[Any]) -> pa.Table:

@@ -40,7 +40,7 @@ def placement_of(engine: Engine, table: str) -> str | None:
     if kind != PARTITIONED:
         return kind
     key = engine.state.keys.get(table)
-    return BY_KEY if key is not None and key == engine.catalog.tables[table].partition_by else BY_OTHER
+    return BY_KEY if key is not None and key == engine.catalog.readable[table].partition_by else BY_OTHER
 
 
 def owners(engine: Engine, table: str, keys: list[Any], where: str) -> np.ndarray:
@@ -144,7 +144,7 @@ def covered(engine: Engine, procedure: str | None, table: str, keys: list[Any], 
         raise Unspannable(f"procedure {procedure}: table {table!r} is partitioned by another column than its key")
     if where == BY_OTHER:
         raise FailedPrecondition(
-            f"procedure {procedure}: table {table!r} is partitioned by {engine.catalog.tables[table].partition_by!r},"
+            f"procedure {procedure}: table {table!r} is partitioned by {engine.catalog.readable[table].partition_by!r},"
             f" not by its primary key, so the rows a state transaction spanning partitions names by key cannot be "
             f"placed; PARTITION BY ({engine.state.keys.get(table)}) instead"
         )

@@ -36,7 +36,8 @@ from streamtx.procedure import Event, Row
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
-from streamtx.server.partition.opchain import WorkingSet
+from streamtx.server.partition.opchain import WorkingSet, apply_event
+from streamtx.server.partition.views import Follower
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
@@ -350,6 +351,8 @@ class StateStore:
         self._shapes: dict[str, RowShape | None] = {}
         self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], int, dict[str, int]] | None = None
         self._taken_since_trim = 0
+        self.views_on: dict[str, list[Follower]] = {}  # table -> its views (partition/views.py)
+        self._views: dict[str, Any] = {}  # view -> its plan
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
@@ -399,6 +402,9 @@ class StateStore:
         self.index.reset(kinds)
         self._shapes = {}
         self.ws.clear()
+        catalog = self.engine.catalog
+        self._views = dict(catalog.view_plans)
+        self.views_on = {t: [Follower(p) for p in plans] for t, plans in catalog.views_on.items()}
 
     def shape(self, stream: str) -> RowShape | None:
         """The stream's `RowShape` (None: unknown stream, or no shape for its types)."""
@@ -412,7 +418,7 @@ class StateStore:
     def key_of(self, table: str) -> str:
         key = self.keys.get(table)
         if key is None:
-            if table not in self.engine.catalog.tables:
+            if table not in self.engine.catalog.readable:
                 raise InvalidArgument(f"state access to unknown table {table!r}")
             raise InvalidArgument(f"state access to table {table!r}: it needs a one-column PRIMARY KEY")
         return key
@@ -534,13 +540,60 @@ class StateStore:
         return [r for r in ws.rows[table].values() if r is not None]
 
     def put(self, table: str, key: Any, row: Row | None) -> None:
+        """Sets a row in the working set, and the views of its table with it."""
+        views = self.views_on.get(table)
+        if views is None:
+            self.ws.write(table, key, row)
+            return
+        old = self.row(table, key)
         self.ws.write(table, key, row)
+        for view in views:
+            view.change(self, old, row)
 
-    def inserted_here(self, table: str, key: Any) -> bool:
-        """Whether the open transaction inserted the row of `key` where it held none (DuckDB's local rows)."""
-        undo = self.ws.undo
-        have = self.ws.rows.get(table)
-        return bool(undo) and have is not None and any(h is have and k == key and old is None for h, k, old, _ in undo)
+    def apply_events(self, events: list[Event], procedure: str | None) -> None:
+        """Applies state procedure events (opchain.apply_event) to the working set, moving the views they touch."""
+        ws = self.ws
+        views_on = self.views_on
+        if not views_on:
+            for ev in events:
+                apply_event(ev, ws)
+            return
+        rows = ws.rows
+        for ev in events:
+            olds: dict[tuple[str, Any], Row | None] = {}
+            for op in ev.ops:
+                if op.kind == "read":
+                    continue
+                if op.table in self._views:
+                    raise InvalidArgument(
+                        f"procedure {procedure}: writes view {op.table!r}; a view follows its table, which is "
+                        "what to write"
+                    )
+                if op.table in views_on:
+                    olds.setdefault((op.table, op.key), rows[op.table][op.key])
+            apply_event(ev, ws)
+            if ev.rejected:
+                continue
+            for (table, key), old in olds.items():
+                new = rows[table][key]
+                for view in views_on[table]:
+                    view.change(self, old, new)
+
+    def refresh_views(self, writes: frozenset[str] | None) -> None:
+        """After DuckDB ran a statement that may write `writes` (None: any table): their views, recomputed."""
+        if not self._views:
+            return
+        con = self.engine.con
+        for plan in self._views.values():
+            if writes is None or plan.table in writes:
+                for sql in plan.refresh_sql():
+                    con.execute(sql)
+
+    def _with_views(self, writes: frozenset[str] | None) -> frozenset[str] | None:
+        """`writes` and the views of those tables (a statement writing a table changes its views)."""
+        if not writes or not self.views_on:
+            return writes
+        return writes | {v.name for t in writes for v in self.views_on.get(t, ())}
 
     def window(self, name: str) -> list[Row]:
         """The visible tuples of an in-memory window (server/partition/windows.py)."""
@@ -669,6 +722,7 @@ class StateStore:
         `writes` names the tables the statement may write (None: any); the
         rows held of the others stay valid, as DuckDB holds them too.
         """
+        writes = self._with_views(writes)
         if writes is None or writes:
             self.index.forget(writes)
         if self.ws.rows or self.pending or self.engine.windows.dirty():

@@ -29,7 +29,6 @@ from streamtx.server.catalog.compile import (
 )
 from streamtx.server.catalog.placement import EVERYWHERE
 from streamtx.server.partition.exchange import run_replicated
-from streamtx.server.partition.opchain import apply_event
 from streamtx.server.partition.ownership import check_local
 from streamtx.server.partition.state import RowShape, Values, table_rows
 from streamtx.server.sqlc.ctx import Ctx, Fallback
@@ -194,8 +193,7 @@ class Transaction(Tx):
             state.load_for(events)
         rejected = 0
         out: dict[str, list[Row]] = {}
-        for ev in events:
-            apply_event(ev, ws)
+        state.apply_events(events, self.procedure)
         for ev in events:
             proc.post_process(ev)
             rejected += ev.rejected
@@ -307,7 +305,8 @@ class Transaction(Tx):
                 if done:
                     return out
         self.register_input()
-        self.engine.state.barrier(compiled.writes)
+        state = self.engine.state
+        state.barrier(compiled.writes)
         bound = {p: self.ts if p in TS_PARAMS else params.get(p) for p in compiled.params}
         cursor = self.execute(compiled.sql, bound)
         if compiled.emits:
@@ -319,9 +318,10 @@ class Transaction(Tx):
             if rows.num_rows:
                 self._emitted(compiled.emits, rows)
             return None
-        if compiled.returns_rows:
-            return cursor.to_arrow_table()
-        return None
+        out = cursor.to_arrow_table() if compiled.returns_rows else None
+        if compiled.writes is None or compiled.writes:
+            state.refresh_views(compiled.writes)
+        return out
 
     def _run_compiled(
         self, statement: Statement, compiled: Compiled, params: dict[str, Any], batch: pa.Table | None

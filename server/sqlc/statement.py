@@ -298,14 +298,10 @@ class _Writer:
         keys = list(map(self.key_of, new_rows))
         store = ctx.store
         mode = self.conflict.mode
-        if mode == "error":  # DuckDB's order: a key the table holds, then NOT NULL, then keys repeated
-            for key in keys:
+        if mode == "error":
+            for key in keys:  # which clash DuckDB reports first depends on rows only it knows to be its own
                 if not _has_null(key) and store.row(self.table, key) is not None:
-                    if store.inserted_here(self.table, key):  # DuckDB words a clash in its transaction's rows apart
-                        raise SqlError(_LOCAL_DUPLICATE.format(_plain(key)))
-                    raise SqlError(
-                        f'Constraint Error: Duplicate key "{_named(self.key, key)}" violates primary key constraint.'
-                    )
+                    raise Fallback("a key the table holds: DuckDB reports the clash")
             self._not_null(new_rows)
             seen: set[Any] = set()
             for key in keys:
@@ -520,11 +516,6 @@ def _has_null(key: Any) -> bool:
 def _text(v: Any) -> str:
     """A value as DuckDB's messages print it."""
     return ("true" if v else "false") if isinstance(v, bool) else str(v)
-
-
-def _named(columns: tuple[str, ...], key: Any) -> str:
-    values = key if isinstance(key, tuple) else (key,)
-    return ", ".join(f"{c}: {_text(v)}" for c, v in zip(columns, values, strict=True))
 
 
 def _plain(key: Any) -> str:

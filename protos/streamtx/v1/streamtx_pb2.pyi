@@ -268,7 +268,7 @@ class PartitionStatus(_message.Message):
     def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., alive: _Optional[bool] = ..., queued: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -286,6 +286,7 @@ class StatusResponse(_message.Message):
     TRIGGERS_FIELD_NUMBER: _ClassVar[int]
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     LAST_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -296,7 +297,8 @@ class StatusResponse(_message.Message):
     triggers: _containers.RepeatedScalarFieldContainer[str]
     counters: _containers.ScalarMap[str, int]
     last_timestamp: int
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ...) -> None: ...
+    views: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("stream", "with_complete_through")
