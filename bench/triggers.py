@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from streamtx.server.embedded import EmbeddedServer
 
     ns = chain_lengths(args.max_n, args.quick)
-    count = args.batches or (30 if args.quick else 100)
+    count = args.batches or (30 if args.quick else 300)
     configs = [
         Config(kind, variant, n, count)
         for n in ns

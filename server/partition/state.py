@@ -34,6 +34,7 @@ import pyarrow as pa
 from streamtx.errors import Aborted, Internal, InvalidArgument
 from streamtx.procedure import Event, Row
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
+from streamtx.server.catalog.views import ViewPlan
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
@@ -352,7 +353,7 @@ class StateStore:
         self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], int, dict[str, int]] | None = None
         self._taken_since_trim = 0
         self.views_on: dict[str, list[Follower]] = {}  # table -> its views (partition/views.py)
-        self._views: dict[str, Any] = {}  # view -> its plan
+        self._views: dict[str, ViewPlan] = {}
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
