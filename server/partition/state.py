@@ -728,10 +728,12 @@ class StateStore:
             self.index.forget(writes)
         if self.ws.rows or self.pending or self.engine.windows.dirty():
             self.flush()
-            if writes is None:
-                self.ws.clear()
-            elif writes:
-                self.ws.drop(writes)
+        # even with nothing held: rows loaded after the statement must not land in the containers a
+        # rollback returns to (they may hold the statement's writes, which the rollback undoes in DuckDB)
+        if writes is None:
+            self.ws.clear()
+        elif writes:
+            self.ws.drop(writes)
 
     def flush(self) -> None:
         """Writes everything held back, inside the open transaction: dirty rows, retained outputs, trims, marks.
