@@ -75,7 +75,7 @@ rows = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     names=st.lists(st.sampled_from(sorted(STATEMENTS)), min_size=1, max_size=5),
     batches=st.lists(st.lists(rows, min_size=1, max_size=4), min_size=1, max_size=15),
