@@ -255,6 +255,10 @@ class Catalog(Definitions):
     def table_key_types(self) -> dict[str, str]:
         return self.schemas.table_key_types
 
+    def views_of(self, writes: frozenset[str] | None) -> list[str]:
+        """The views a statement writing `writes` (None: any table) changes."""
+        return sorted(p.name for p in self.view_plans.values() if writes is None or p.table in writes)
+
     def is_border(self, stream: str) -> bool:
         """A border stream is fed from outside: no procedure or trigger emits on it."""
         return self.dataflow.is_border(stream)

@@ -65,7 +65,7 @@ class SqlPlans:
         out = []
         for i, compiled in enumerate(statements):
             choice = self.choice(unit, i, compiled)
-            views = self._views_of(compiled.writes)
+            views = self.catalog.views_of(compiled.writes)
             if choice.compiled is not None:
                 lines = [*choice.compiled.describe, *(f"  keeps view {v}" for v in views)]
                 plan, reason = "\n".join(lines), choice.reason
@@ -74,11 +74,6 @@ class SqlPlans:
                 reason = choice.reason + "".join(f"; then recomputes view {v} from its table" for v in views)
             out.append(StatementPlan(unit, i, compiled.source, choice.compiled is not None, plan, reason))
         return out
-
-    def _views_of(self, writes: frozenset[str] | None) -> list[str]:
-        """The views a statement writing `writes` (None: any table) changes."""
-        plans = self.catalog.view_plans.values()
-        return sorted(p.name for p in plans if writes is None or p.table in writes)
 
     def prefetch(self, procedure: str, statements: list[Compiled]) -> list[tuple[str, Callable[..., Any]]]:
         """The keys a procedure's compiled statements look up straight from its batch rows: (table, key fn)."""

@@ -34,7 +34,6 @@ import pyarrow as pa
 from streamtx.errors import Aborted, Internal, InvalidArgument
 from streamtx.procedure import Event, Row
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
-from streamtx.server.catalog.views import ViewPlan
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
@@ -353,7 +352,6 @@ class StateStore:
         self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], int, dict[str, int]] | None = None
         self._taken_since_trim = 0
         self.views_on: dict[str, list[Follower]] = {}  # table -> its views (partition/views.py)
-        self._views: dict[str, ViewPlan] = {}
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
@@ -403,9 +401,7 @@ class StateStore:
         self.index.reset(kinds)
         self._shapes = {}
         self.ws.clear()
-        catalog = self.engine.catalog
-        self._views = dict(catalog.view_plans)
-        self.views_on = {t: [Follower(p) for p in plans] for t, plans in catalog.views_on.items()}
+        self.views_on = {t: [Follower(p) for p in plans] for t, plans in self.engine.catalog.views_on.items()}
 
     def shape(self, stream: str) -> RowShape | None:
         """The stream's `RowShape` (None: unknown stream, or no shape for its types)."""
@@ -565,7 +561,7 @@ class StateStore:
             for op in ev.ops:
                 if op.kind == "read":
                     continue
-                if op.table in self._views:
+                if op.table in self.engine.catalog.view_plans:
                     raise InvalidArgument(
                         f"procedure {procedure}: writes view {op.table!r}; a view follows its table, which is "
                         "what to write"
@@ -582,19 +578,16 @@ class StateStore:
 
     def refresh_views(self, writes: frozenset[str] | None) -> None:
         """After DuckDB ran a statement that may write `writes` (None: any table): their views, recomputed."""
-        if not self._views:
-            return
-        con = self.engine.con
-        for plan in self._views.values():
-            if writes is None or plan.table in writes:
-                for sql in plan.refresh_sql():
-                    con.execute(sql)
+        catalog = self.engine.catalog
+        for name in catalog.views_of(writes):
+            for sql in catalog.view_plans[name].refresh_sql():
+                self.engine.con.execute(sql)
 
     def _with_views(self, writes: frozenset[str] | None) -> frozenset[str] | None:
         """`writes` and the views of those tables (a statement writing a table changes its views)."""
         if not writes or not self.views_on:
             return writes
-        return writes | {v.name for t in writes for v in self.views_on.get(t, ())}
+        return writes | frozenset(self.engine.catalog.views_of(writes))
 
     def window(self, name: str) -> list[Row]:
         """The visible tuples of an in-memory window (server/partition/windows.py)."""

@@ -34,7 +34,8 @@ class Follower:
         else:
             self.key = lambda r: tuple(r[c] for c in table_cols)
         self.aggregates = [(a.column, a.fn, a.arg) for a in plan.aggregates]
-        self.count = next(a.column for a in plan.aggregates if a.fn == "count" and a.arg is None)
+        self.count_at = next(i for i, a in enumerate(plan.aggregates) if a.fn == "count" and a.arg is None)
+        self.count = plan.aggregates[self.count_at].column
 
     def part(self, row: Row) -> list[int]:
         """What `row` adds to each aggregate of its group."""
@@ -65,7 +66,7 @@ class Follower:
     def _add(self, store: StateStore, key: Any, delta: list[int], source: Row) -> None:
         row = store.row(self.name, key)
         if row is None:
-            if delta[[c for c, _, _ in self.aggregates].index(self.count)] <= 0:
+            if delta[self.count_at] <= 0:
                 raise Internal(f"view {self.name!r}: group {key!r} is missing, yet a row of it changed")
             row = {v: source[t] for v, t in self.groups}
             row.update({col: d for (col, _, _), d in zip(self.aggregates, delta, strict=True)})
