@@ -18,6 +18,12 @@ for several rounds; each configuration reports its median round:
   leaderboard procedure reads and writes single (home-partition) tables, so at
   P = 2 every batch is coordinated: partitioning makes it slower, and the line
   says so.
+- **voter-state**: the voter as state procedures (procedures/voter/state.sql,
+  the `opchain` executor's workload) with one vote per batch, as a user who
+  starts the server with its default of one partition per core pushes it; the
+  same votes at P = 1 and P = 2 after untimed warm-up votes. Its second ratio
+  line holds P = 2 against P = 1 with a target of 1: a second partition must
+  not make it slower.
 
 Every run is checked before its line is printed, or the verb fails: sensors
 runs against the expected row counts, sums and per-partition placement (and
@@ -60,7 +66,7 @@ if TYPE_CHECKING:
 
 NAME = "partitions"
 DEFAULT_ROUNDS = 3
-QUICK_ROUNDS = 1  # seven servers per round; one round keeps --quick well under a minute
+QUICK_ROUNDS = 1  # nine servers per round; one round keeps --quick well under a minute
 P2_OVER_P1_TARGET = 1.6  # the partition-friendly workload on a 2-core machine
 DEFAULT_SHARES = (0.0, 0.10, 0.25, 0.50)
 # 50,000 sensors per partition at P = 2, so a batch rarely repeats a sensor: DuckDB's upsert
@@ -71,6 +77,10 @@ BATCH_ROWS = 4_000
 FULL_BATCHES, QUICK_BATCHES = 240, 40
 VOTER_BATCH = 100
 FULL_VOTER_BATCHES, QUICK_VOTER_BATCHES = 40, 10
+FULL_STATE_VOTES, QUICK_STATE_VOTES = 2_000, 300  # 1-vote batches
+STATE_WARMUP, QUICK_STATE_WARMUP = 300, 100
+STATE_MAX_IN_FLIGHT = 1_024
+STATE_P2_OVER_P1_TARGET = 1.0
 WARMUP_BATCHES = 4
 
 
@@ -78,7 +88,7 @@ WARMUP_BATCHES = 4
 class Config:
     """One measured setting: a workload on a fresh server with `partitions` partitions."""
 
-    workload: str  # sensors | voter
+    workload: str  # sensors | voter | voter-state
     partitions: int
     spanning_share: float = 0.0  # sensors: share of batches whose keys span both partitions
 
@@ -112,6 +122,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {FULL_VOTER_BATCHES}, {QUICK_VOTER_BATCHES} with --quick; 0 skips the voter)",
     )
     parser.add_argument(
+        "--state-votes",
+        type=int,
+        default=None,
+        help=f"1-vote batches of the state-procedure voter per configuration and round "
+        f"(default {FULL_STATE_VOTES}, {QUICK_STATE_VOTES} with --quick; 0 skips it)",
+    )
+    parser.add_argument(
         "--max-in-flight",
         type=int,
         default=128,
@@ -129,14 +146,16 @@ def _shares(text: str) -> tuple[float, ...]:
     return tuple(sorted(shares | {0.0}))
 
 
-def configurations(shares: tuple[float, ...], voter: bool) -> list[Config]:
-    """Sensors at P = 1 and P = 2 (0 % spanning), the rest of the sweep, then the voter pair.
+def configurations(shares: tuple[float, ...], voter: bool, state_voter: bool = False) -> list[Config]:
+    """Sensors at P = 1 and P = 2 (0 % spanning), the rest of the sweep, then the voter pairs.
 
     The first two are the pair of the ratio line; `run` relies on that order.
     """
     configs = [Config("sensors", 1), *(Config("sensors", 2, s) for s in shares)]
     if voter:
         configs += [Config("voter", 1), Config("voter", 2)]
+    if state_voter:
+        configs += [Config("voter-state", 1), Config("voter-state", 2)]
     return configs
 
 
@@ -296,62 +315,76 @@ def measure_sensors(srv: EmbeddedServer, cfg: Config, data: SensorsInput, max_in
 # -- the voter -----------------------------------------------------------------------
 
 
-def prepare_voter(target: str) -> None:
+def prepare_voter(target: str, mode: str = "dataflow") -> None:
     from streamtx.client import Client
     from streamtx.procedures.voter.app import VoterConfig, deploy_script, setup_params
 
     config = VoterConfig()
     with Client(target) as c:
-        c.deploy(deploy_script(config, "dataflow"))
+        c.deploy(deploy_script(config, mode))
         c.call("setup", **setup_params(config))
 
 
-def voter_input(count: int, seed: int) -> list[pa.Table]:
+@dataclass(frozen=True)
+class VoterInput:
+    """Votes to push timed, after untimed warm-up votes (both in the reference's order)."""
+
+    warmup: list[pa.Table]
+    batches: list[pa.Table]
+
+
+def voter_input(count: int, seed: int, size: int = VOTER_BATCH, warmup: int = 0) -> VoterInput:
     from streamtx.procedures.voter.app import generate_votes
 
-    votes = generate_votes(count * VOTER_BATCH, seed=seed, phones=max(10_000, count * VOTER_BATCH // 2))
-    return [votes.slice(i * VOTER_BATCH, VOTER_BATCH) for i in range(count)]
+    total = count * size + warmup
+    votes = generate_votes(total, seed=seed, phones=max(10_000, total // 2))
+    return VoterInput(
+        [votes.slice(i, 1) for i in range(warmup)],
+        [votes.slice(warmup + i * size, size) for i in range(count)],
+    )
 
 
-def check_voter(target: str, partitions: int, batches: list[pa.Table]) -> None:
+def check_voter(target: str, cfg: Config, batches: list[pa.Table]) -> None:
     """Raises unless the final tables equal the sequential reference's (WORKLOADS.md section 1)."""
     from streamtx.client import Client
     from streamtx.procedures.voter.app import VoterConfig
     from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
+    from streamtx.procedures.voter.state import QUERIES as STATE_QUERIES
 
     ref = VoterReference(VoterConfig())
     for b in batches:
         ref.process_batch(list(zip(*(b.column(c).to_pylist() for c in b.column_names), strict=True)))
     expected = ref.tables()
+    queries = STATE_QUERIES if cfg.workload == "voter-state" else SERVER_QUERIES
     with Client(target) as c:
-        for name, sql in SERVER_QUERIES.items():
+        for name, sql in queries.items():
             got = c.query(sql).fetchall()
             if got != expected[name]:
                 raise RuntimeError(
-                    f"bench {NAME}: voter P={partitions}: table {name} differs from the reference "
+                    f"bench {NAME}: {cfg.label}: table {name} differs from the reference "
                     f"({len(got)} rows, expected {len(expected[name])})"
                 )
 
 
-def measure_voter(
-    srv: EmbeddedServer, cfg: Config, batches: list[pa.Table], max_in_flight: int, tag: str
-) -> Measurement:
+def measure_voter(srv: EmbeddedServer, cfg: Config, data: VoterInput, max_in_flight: int, tag: str) -> Measurement:
     from streamtx.client import Client
 
+    if data.warmup:  # untimed: code paths, caches and the working set warm, as in a long-running server
+        asyncio.run(push_batches(srv.target, "votes_in", f"{tag}-warmup", data.warmup, max_in_flight=max_in_flight))
     with Client(srv.target) as c:
         status = c.status()
     before = status["counters"].get("coordinated", 0)
     meter = CpuMeter(srv.proc.pid if srv.proc else 0, [p["pid"] for p in status["partitions"]])
     m = asyncio.run(
         push_batches(
-            srv.target, "votes_in", tag, batches, max_in_flight=max_in_flight, what=f"bench {NAME} {cfg.label}"
+            srv.target, "votes_in", tag, data.batches, max_in_flight=max_in_flight, what=f"bench {NAME} {cfg.label}"
         )
     )
-    m.extra["cpu_ms_per_batch"] = cpu = meter.per_batch_ms(len(batches))
+    m.extra["cpu_ms_per_batch"] = cpu = meter.per_batch_ms(len(data.batches))
     m.extra["other_cores"] = cpu.pop("other_cores")
     with Client(srv.target) as c:
         m.extra["coordinated"] = c.status()["counters"].get("coordinated", 0) - before
-    check_voter(srv.target, cfg.partitions, batches)
+    check_voter(srv.target, cfg, data.warmup + data.batches)
     return m
 
 
@@ -374,7 +407,7 @@ def _start_servers(configs: list[Config], sensors: int) -> list[EmbeddedServer]:
         if cfg.workload == "sensors":
             prepare_sensors(srv.target, sensors)
         else:
-            prepare_voter(srv.target)
+            prepare_voter(srv.target, "state" if cfg.workload == "voter-state" else "dataflow")
 
     try:
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
@@ -397,7 +430,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if args.voter_batches is not None
         else (QUICK_VOTER_BATCHES if args.quick else FULL_VOTER_BATCHES)
     )
-    configs = configurations(args.shares, voter_count > 0)
+    state_votes = (
+        args.state_votes if args.state_votes is not None else (QUICK_STATE_VOTES if args.quick else FULL_STATE_VOTES)
+    )
+    state_warmup = QUICK_STATE_WARMUP if args.quick else STATE_WARMUP
+    configs = configurations(args.shares, voter_count > 0, state_votes > 0)
     run_id = uuid.uuid4().hex[:8]
     results: list[list[Measurement]] = [[] for _ in configs]
     with progress(args.quiet) as bar:
@@ -411,8 +448,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 if cfg.workload == "sensors":
                     seed = 1_000 * r + round(cfg.spanning_share * 100)
                     inputs.append(sensor_input(cfg, args.batch_rows, sensor_count, args.sensors, seed))
-                else:
+                elif cfg.workload == "voter":
                     inputs.append(voter_input(voter_count, seed=11 + r))
+                else:
+                    inputs.append(voter_input(state_votes, seed=31 + r, size=1, warmup=state_warmup))
             bar.update(task, description=f"{NAME} round {r + 1}/{args.rounds}: starting {len(configs)} servers")
             servers = _start_servers(configs, args.sensors)
             try:
@@ -422,13 +461,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if cfg.workload == "sensors":
                         m = measure_sensors(servers[i], cfg, inputs[i], args.max_in_flight, tag)
                     else:
-                        m = measure_voter(servers[i], cfg, inputs[i], args.max_in_flight, tag)
+                        window = STATE_MAX_IN_FLIGHT if cfg.workload == "voter-state" else args.max_in_flight
+                        m = measure_voter(servers[i], cfg, inputs[i], window, tag)
                     results[i].append(m)
                     bar.advance(task)
                     bar.print(f"{cfg.label} round {r + 1}: {m.per_s:,.1f} batches/s")
             finally:
                 _stop_servers(servers)
-    lines = [_line(cfg, rounds, args, sensor_count, voter_count) for cfg, rounds in zip(configs, results, strict=True)]
+    counts = {"sensors": sensor_count, "voter": voter_count, "voter-state": state_votes}
+    lines = [_line(cfg, rounds, args, counts[cfg.workload]) for cfg, rounds in zip(configs, results, strict=True)]
     _relative(lines)
     p1 = find_line(lines, workload="sensors", partitions=1)
     p2 = find_line(lines, workload="sensors", partitions=2, spanning_share=0.0)
@@ -453,13 +494,31 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             ],
         )
     )
+    state = [i for i, cfg in enumerate(configs) if cfg.workload == "voter-state"]
+    if state:
+        one, two = (results[i] for i in state)
+        pairs = [b.per_s / a.per_s for a, b in zip(one, two, strict=True)]
+        ratio = median(pairs)
+        note(f"bench {NAME}: voter-state P=2 / P=1 = {ratio:.3f} (target {STATE_P2_OVER_P1_TARGET})", args.quiet)
+        lines.append(
+            ratio_line(
+                NAME,
+                ratio,
+                STATE_P2_OVER_P1_TARGET,
+                "1-vote batches/s of the state-procedure voter at P = 2",
+                "1-vote batches/s of the same votes at P = 1 in the same round (median over rounds of the ratio)",
+                workload="voter-state",
+                numerator_value=lines[state[1]]["batches_per_s"],
+                denominator_value=lines[state[0]]["batches_per_s"],
+                ratio_rounds=[round(x, 3) for x in pairs],
+            )
+        )
     return lines
 
 
-def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, sensors: int, votes: int) -> dict[str, Any]:
+def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, batches: int) -> dict[str, Any]:
     m = median_round(rounds, key=lambda x: x.per_s)
-    rows = args.batch_rows if cfg.workload == "sensors" else VOTER_BATCH
-    batches = sensors if cfg.workload == "sensors" else votes
+    rows = {"sensors": args.batch_rows, "voter": VOTER_BATCH, "voter-state": 1}[cfg.workload]
     line: dict[str, Any] = {
         "benchmark": NAME,
         "workload": cfg.workload,
@@ -480,7 +539,7 @@ def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, sens
             "cpu_ms_per_batch": m.extra["cpu_ms_per_batch"],
             "other_cores": m.extra["other_cores"],  # CPU the rest of the shared machine used meanwhile
             "checked": True,  # every round passed its check (a failed check stops the verb)
-            "max_in_flight": args.max_in_flight,
+            "max_in_flight": STATE_MAX_IN_FLIGHT if cfg.workload == "voter-state" else args.max_in_flight,
             "load_1m": m.extra.get("load_1m"),
         }
     )
@@ -493,7 +552,7 @@ def _relative(lines: list[dict[str, Any]]) -> None:
     for line in lines:
         if line["workload"] == "sensors" and line["partitions"] == 2:
             line["vs_all_local"] = round(line["batches_per_s"] / local, 3)
-    for workload in ("sensors", "voter"):
+    for workload in ("sensors", "voter", "voter-state"):
         try:
             one = find_line(lines, workload=workload, partitions=1)["batches_per_s"]
             two = find_line(
@@ -512,7 +571,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     lines = [r for r in records if "workload" in r and "batches_per_s" in r]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    groups = [w for w in ("sensors", "voter") if any(r["workload"] == w for r in lines)]
+    groups = [w for w in ("sensors", "voter", "voter-state") if any(r["workload"] == w for r in lines)]
     x = np.arange(len(groups))
     for i, p in enumerate((1, 2)):
         ys = []
@@ -520,11 +579,17 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
             match = [r for r in lines if r["workload"] == w and r["partitions"] == p and not r.get("spanning_share")]
             ys.append(match[0]["batches_per_s"] if match else np.nan)
         bars = left.bar(x + (i - 0.5) * 0.38, ys, 0.38, label=f"P = {p}")
-        left.bar_label(bars, labels=["" if np.isnan(y) else f"{y:.3g}" for y in ys], fontsize=8, padding=1)
-    ratio = next((r for r in records if "ratio" in r), None)
-    names = {"sensors": "sensors (partition-friendly)", "voter": "voter (coordinated at P = 2)"}
+        labels = ["" if np.isnan(y) else f"{y:,.0f}" if y >= 100 else f"{y:.3g}" for y in ys]
+        left.bar_label(bars, labels=labels, fontsize=8, padding=1)
+    ratio = next((r for r in records if "ratio" in r and r.get("workload") == "sensors"), None)
+    names = {
+        "sensors": "sensors\n(partition-friendly)",
+        "voter": "voter, SQL\n100 votes per batch",
+        "voter-state": "voter, state procedures\n1 vote per batch",
+    }
     left.set_xticks(x, [names[w] for w in groups])
-    left.set_ylabel("input batches/s (median round)")
+    left.set_yscale("log")  # 100-vote and 4,000-reading batches next to 1-vote ones
+    left.set_ylabel("input batches/s (median round, log scale)")
     title = "P = 1 vs P = 2 partitions"
     if ratio is not None and ratio.get("ratio") is not None:
         title += f" (sensors P2/P1 = {ratio['ratio']:.2f}x)"

@@ -76,9 +76,11 @@ def test_flags_and_configurations():
         "voter P=1",
         "voter P=2",
     ]
+    state = [c.label for c in configurations((0.0,), voter=False, state_voter=True)]
+    assert state == ["sensors P=1", "sensors P=2 0% spanning", "voter-state P=1", "voter-state P=2"]
 
 
-@pytest.mark.slow  # ~25 s on an idle 2-core machine (seven servers), 35 s+ when it is shared
+@pytest.mark.slow  # ~30 s on an idle 2-core machine (nine servers), 40 s+ when it is shared
 def test_bench_partitions_quick(tmp_path, capsys):
     png = tmp_path / "p.png"
     assert main(["partitions", "--quick", "--quiet", "--plot", str(png)]) == 0
@@ -95,6 +97,8 @@ def test_bench_partitions_quick(tmp_path, capsys):
         ("sensors", 2, 0.5),
         ("voter", 1, None),
         ("voter", 2, None),
+        ("voter-state", 1, None),
+        ("voter-state", 2, None),
     ]
     for c in configs:
         assert CONFIG_KEYS <= c.keys()
@@ -114,10 +118,16 @@ def test_bench_partitions_quick(tmp_path, capsys):
     assert voter[1]["coordinated_batches"] == 0
     assert voter[2]["coordinated_batches"] == voter[2]["batches"]  # single tables: every batch is coordinated
     assert voter[2]["vs_p1"] > 0
+    state = {c["partitions"]: c for c in configs if c["workload"] == "voter-state"}
+    assert state[1]["batch_rows"] == 1 and state[1]["coordinated_batches"] == 0
+    assert state[2]["vs_p1"] > 0
 
     ratios = [x for x in lines if "ratio" in x]
-    assert len(ratios) == 1 and lines[-1] == ratios[0]  # the ratio line comes last
-    ratio = ratios[0]
+    assert len(ratios) == 2 and lines[-2:] == ratios  # the ratio lines come last
+    ratio, state_ratio = ratios
+    assert state_ratio["workload"] == "voter-state" and state_ratio["target"] == 1.0
+    assert state_ratio["numerator_value"] == state[2]["batches_per_s"]
+    assert state_ratio["denominator_value"] == state[1]["batches_per_s"]
     assert RATIO_KEYS <= ratio.keys()
     assert ratio["target"] == 1.6 and ratio["ratio"] > 0
     assert ratio["ratio"] == pytest.approx(ratio["ratio_rounds"][0], abs=0.002)  # one round: its own pair

@@ -289,12 +289,12 @@ class Dataflow:
             self._rollback(saved)
             raise
 
-    def _commit_with_mark(self, ts: int, mark: Any, stored: set[str]) -> None:
+    def _commit_with_mark(self, ts: int, mark: Any, stored: set[str], hold_back: bool = False) -> None:
         """Commits the open DuckDB transaction with the batch's dedup mark (if any) and stored outputs."""
         eng = self.engine
         if mark is not None:
             eng.record_mark(mark[0], mark[1], mark[2], ts)
-        eng.commit()
+        eng.commit(hold_back)
         if mark is not None:
             eng.marks.took([(mark[0], mark[1], mark[2], ts)])
         else:
@@ -306,13 +306,14 @@ class Dataflow:
         eng = self.engine
         ts = c.ts
         span, self._open_span = self._open_span, None
+        hold_back = eng.executor == "opchain"  # as an interval's commit: what certainly fits waits
         if c.commit and self._open and span is not None:
-            eng.commit()
+            eng.commit(hold_back)
             self._commit_span(span)
             if self.journal is not None:
                 self.journal.span(span.pushes[-1].ts, *span.wire)
         elif c.commit and self._open:
-            self._commit_with_mark(ts, c.mark, self._open_stored)
+            self._commit_with_mark(ts, c.mark, self._open_stored, hold_back)
             if self.journal is not None:
                 self.journal.fragments(ts, self._open_specs, self._open_params, c.mark, self._open_exchange)
         elif self._open:

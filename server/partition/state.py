@@ -14,11 +14,13 @@ state and DuckDB a copy that lags behind it; the command log, not DuckDB,
 makes commits durable, so durability is unchanged. DuckDB is brought current
 (`sync`, or `flush` inside a transaction) before anything else reads or
 writes it: any SQL statement of a TE (`barrier`), every command that is not
-a push (calls, queries, stream reads, checkpoints, status, coordinated
-commands, deploys), recovery records other than pushes, the isolated path,
-and whenever more than `DEFER_MAX` rows and outputs wait. A row that might
-not fit is written at its interval's commit, as before, so a constraint it
-breaks still aborts that interval.
+a push or a coordinated TE's fragment or decision (calls, queries, stream
+reads, checkpoints, status, deploys), recovery records other than pushes,
+the isolated path, and whenever more than `DEFER_MAX` rows and outputs
+wait. A coordinated TE runs over the working set and commits as an interval
+does: at one batch per command, writing everything back each time would cost
+more than the TE. A row that might not fit is written at its interval's
+commit, as before, so a constraint it breaks still aborts that interval.
 """
 
 from __future__ import annotations

@@ -78,6 +78,9 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+OVER_WORKING_SET = (pr.Fragment, pr.Decide, pr.Done)
+
+
 class Worker:
     def __init__(self, partition: int, frames: SocketFrames, config: ServerConfig) -> None:
         self.frames = frames
@@ -363,8 +366,14 @@ class Worker:
         self.frames.write(pr.Response(request.id, pr.Failed(e.code.value[0], e.message)))
 
     def handle(self, request: pr.Request, tables: list[pa.Table]) -> tuple[Any, list[pa.Table]]:
-        """Every command but a push: DuckDB is brought up to date first (write-behind, partition/state.py)."""
-        self.engine.state.sync()
+        """Every command but a push or a coordinated TE's: DuckDB is brought up to date first.
+
+        A coordinated TE's fragment and decision run over the working set as
+        an interval does (write-behind, partition/state.py): its statements
+        that run in DuckDB write back what they read first.
+        """
+        if type(request.command) not in OVER_WORKING_SET:
+            self.engine.state.sync()
         handler = self._handlers.get(type(request.command))
         if handler is None:
             raise Internal(f"unknown partition command {type(request.command).__name__}")
