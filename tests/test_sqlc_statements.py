@@ -55,7 +55,7 @@ CONFLICT = st.sampled_from(
 
 @st.composite
 def statements(draw: st.DrawFn) -> str:
-    kind = draw(st.integers(0, 10))
+    kind = draw(st.integers(0, 11))
     if kind == 0:
         value, pred, conflict = draw(VALUE), draw(PRED), draw(CONFLICT)
         return f"INSERT INTO kv SELECT i.k, {value}, i.s FROM ins i LEFT JOIN lookup l ON l.id = i.k {pred} {conflict}"
@@ -82,6 +82,8 @@ def statements(draw: st.DrawFn) -> str:
         return "INSERT INTO outs SELECT k, count(*), max(s) FROM ins GROUP BY k"
     if kind == 9:
         return f"UPDATE lookup SET w = (SELECT count(*) FROM ins) WHERE id = {draw(st.integers(0, 5))}"
+    if kind == 10:
+        return draw(GUARDED).format(n=draw(st.integers(-2, 4)))
     return draw(RANKED)
 
 
@@ -97,6 +99,18 @@ RANKED = st.sampled_from(  # a filter over a subquery's columns (moved into it w
         "(SELECT k, s, count(*) AS n FROM ins GROUP BY k, s) WHERE n >= 2 OR k IS NULL",
         "INSERT INTO outs SELECT k, m, 'max' FROM (SELECT k, max(v) AS m FROM ins GROUP BY k) WHERE m > 0",
         "INSERT INTO outs SELECT k, v, s FROM (SELECT k, v, s FROM kv ORDER BY s DESC, k) WHERE v >= 100 ORDER BY k",
+    ]
+)
+
+
+GUARDED = st.sampled_from(  # conditions that read no row of the FROM: tested once, before any row (or not)
+    [
+        "INSERT INTO outs SELECT k, v, s FROM kv WHERE (SELECT count(*) FROM ins) > {n}",
+        "INSERT INTO outs SELECT 0, count(*), 'n' FROM kv WHERE (SELECT max(v) FROM ins) > {n}",
+        "INSERT INTO outs SELECT i.k, i.v, i.s FROM ins i WHERE (SELECT sum(v) FROM kv) // {n} > 20 AND i.v > 0",
+        "INSERT INTO outs SELECT i.k, i.v, i.s FROM ins i WHERE (SELECT count(*) FROM ins) > {n} AND i.v * 4 > 0",
+        "INSERT INTO outs SELECT i.k, i.v, i.s FROM ins i WHERE (SELECT max(w) FROM lookup) + i.v > {n}",
+        "UPDATE kv SET v = v + 1 WHERE (SELECT count(*) FROM ins) >= {n}",
     ]
 )
 
@@ -195,6 +209,7 @@ COMPILED = [
     "INSERT INTO outs SELECT k, count(*), max(s) FROM ins GROUP BY k",
     "UPDATE lookup SET w = (SELECT count(*) FROM ins) WHERE id = 2",
     *RANKED.elements,
+    *(sql.format(n=2) for sql in GUARDED.elements),
 ]
 
 

@@ -170,9 +170,18 @@ class _Planner:
             self.describe.append("no FROM: one row")
         for join in sel.args.get("joins") or []:
             depth = self._join(join, conjuncts, body, depth)
-        body += self._filter(conjuncts, depth)
+        guards: list[tuple[exp.Expression, Code]] = []
+        body += self._filter(conjuncts, depth, guards)
         if conjuncts:
             self.describe.append("filter: " + " AND ".join(c.sql("duckdb") for c in conjuncts))
+        if guards:  # a row-independent condition that does not hold: no row needs reading
+            self.describe.append("checked once, before any row: " + " AND ".join(c.sql("duckdb") for c, _ in guards))
+            if any(g.fails for _, g in guards):  # each evaluated, so that an error any of them meets is met
+                test = f"all(_x is True for _x in ({''.join(g.source + ', ' for _, g in guards)}))"
+            else:
+                test = " and ".join(f"({g.source}) is True" for _, g in guards)
+            body = [_indent(1, f"if {test}:"), *(_indent(1, line) for line in body)]
+            depth += 1
         having = sel.args.get("having")
         grouped = bool(sel.args.get("group")) or any(
             _own_aggregates(e) for e in [*sel.expressions, *([having.this] if having is not None else [])]
@@ -382,8 +391,18 @@ class _Planner:
         self.describe.append("filter (from the enclosing query): " + " AND ".join(c.sql("duckdb") for c in self.pushed))
         return [f"        if ({c.source}) is not True: continue" for c in conds]
 
-    def _filter(self, conjuncts: list[exp.Expression], depth: int) -> list[str]:
+    def _filter(
+        self, conjuncts: list[exp.Expression], depth: int, guards: list[tuple[exp.Expression, Code]] | None = None
+    ) -> list[str]:
         """Lines skipping the rows `conjuncts` do not all hold for.
+
+        With `guards` (a WHERE), the conditions that read no row of this FROM
+        (parameters, uncorrelated subqueries) go there instead, if the others
+        cannot fail: the caller tests them once, before reading any row, as
+        their value is the same for every row (the voter's "is it time to
+        delete?" then skips scanning and sorting the contestants on all but one
+        vote in thousands). One that fails does so there, and DuckDB runs the
+        statement, as it would on the first row.
 
         A condition that may raise an error is evaluated with the others on every row
         (DuckDB may evaluate the conjuncts in any order, so an error it meets is met here
@@ -392,6 +411,12 @@ class _Planner:
         condition runs in DuckDB: it is compiled over the batch, a scan or a subquery alone.
         """
         codes = [self._expr(c, self._row_env()) for c in conjuncts]
+        if guards is not None:
+            row = re.compile(r"\b(" + "|".join(re.escape(src.var) for src in self.sources) + r")\b")
+            constant = [not (self.sources and row.search(c.source)) for c in codes]
+            if not any(c.fails for c, k in zip(codes, constant, strict=True) if not k):  # else as below
+                guards += [(e, c) for e, c, k in zip(conjuncts, codes, constant, strict=True) if k]
+                codes = [c for c, k in zip(codes, constant, strict=True) if not k]
         if not any(c.fails for c in codes):
             return [_indent(depth, f"if ({c.source}) is not True: continue") for c in codes]
         whole = ("ctx.batch", "ctx.scan(", "_dicts(", "ctx.window(")
