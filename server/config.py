@@ -41,6 +41,7 @@ AT_LEAST_ONE = Bound(lambda v: v >= 1, ">= 1")
 NOT_NEGATIVE = Bound(lambda v: v >= 0, ">= 0")
 POSITIVE = Bound(lambda v: v > 0, "> 0")
 PORT = Bound(lambda v: 0 <= v < 65536, "in 0..65535")
+PORT_OR_OFF = Bound(lambda v: v is None or 0 <= v < 65536, "in 0..65535")
 
 
 def setting(
@@ -199,6 +200,14 @@ class ServerConfig:
         "executed and committed together",
         bound=AT_LEAST_ONE,
     )
+    metrics_port: int | None = setting(
+        None,
+        flag="--metrics-port",
+        help="serve Prometheus metrics over HTTP on this port of --host (docs/operations.md); "
+        "0 picks a free one, written to DATA_DIR/metrics-port",
+        bound=PORT_OR_OFF,
+        shown="off",
+    )
     interval_ms: float = setting(
         0.0,
         flag="--interval-ms",
@@ -251,6 +260,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(meta["flag"], dest=f.name, action=action, default=argparse.SUPPRESS, help=meta["help"])
             continue
         shown = meta["shown"] or getattr(defaults, f.name)
+        if kind == int | None:
+            kind = int
         parser.add_argument(
             meta["flag"],
             dest=f.name,

@@ -13,6 +13,7 @@ import gc
 import signal
 import sys
 from pathlib import Path
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -21,6 +22,7 @@ from streamtx.server import reflection
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import decoding
 from streamtx.server.front.front import Front
+from streamtx.server.front.metrics import serve_metrics
 from streamtx.server.front.service import StreamTxService
 from streamtx.server.launch import Launch
 from streamtx.v1 import streamtx_pb2 as pb
@@ -36,6 +38,8 @@ class Server:
         self.front = Front(config, launched)
         self.port = 0
         self._grpc: grpc.aio.Server | None = None
+        self._metrics: WSGIServer | None = None
+        self.metrics_port: int | None = None
         self._health = health.aio.HealthServicer()
         self._stop = asyncio.Event()
         self.front.supervisor.on_health = self._serving
@@ -60,11 +64,22 @@ class Server:
         await self._grpc.start()
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
-        (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")
+        if self.config.metrics_port is not None:
+            try:
+                self._metrics, self.metrics_port = serve_metrics(self.front, self.config.host, self.config.metrics_port)
+            except OSError as e:
+                raise SystemExit(
+                    f"streamtx: cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {e}"
+                ) from None
+            (Path(self.config.data_dir) / "metrics-port").write_text(f"{self.metrics_port}\n")
+        (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")  # last: the server is up
 
     async def stop(self, grace: float = 2.0) -> None:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.shutdown)
+            self._metrics.server_close()
         if self._grpc is not None:
             await self._grpc.stop(grace)
         await self.front.stop()

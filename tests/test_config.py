@@ -32,6 +32,8 @@ def other_value(name: str) -> Any:
         return Path("/srv") / name
     if kind is int:
         return default + 3
+    if kind == int | None:  # a port that is off by default
+        return 9100
     if kind is float:
         return default + 1.5
     return f"{name}-value"
@@ -107,6 +109,7 @@ def test_a_worker_gets_the_front_s_config_but_not_its_token(tmp_path: Path) -> N
         (["--partitions", "0"], "--partitions 0: must be >= 1"),
         (["--partitions", "4", "--bins", "2"], "--bins 2: must be at least --partitions (4)"),
         (["--port", "70000"], "--port 70000: must be in 0..65535"),
+        (["--metrics-port", "70000"], "--metrics-port 70000: must be in 0..65535"),
         (["--interval-size", "0"], "--interval-size 0: must be >= 1"),
         (["--group-commit-ms", "-1"], "--group-commit-ms -1.0: must be >= 0"),
         (["--staging-ttl", "0"], "--staging-ttl 0.0: must be > 0"),

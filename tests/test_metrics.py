@@ -1,0 +1,100 @@
+"""`streamtx serve --metrics-port`: Prometheus metrics over HTTP, equal to what Status says at that moment."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pyarrow as pa
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streamtx.client import Client
+from streamtx.server.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.timeout(120)
+
+SCRIPT = """
+CREATE TABLE totals (k BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (k);
+CREATE STREAM ins (k BIGINT, v BIGINT) PARTITION BY (k);
+CREATE PROCEDURE add ON STREAM ins AS BEGIN
+    INSERT INTO totals SELECT k, sum(v) FROM ins GROUP BY k
+        ON CONFLICT DO UPDATE SET n = totals.n + excluded.n;
+    SELECT error('negative') FROM ins HAVING min(v) < 0;
+END;
+"""
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.fixture(scope="module")
+def server():
+    with EmbeddedServer(partitions=2, extra_args=["--metrics-port", "0"]) as srv:
+        port = int((srv.data_dir / "metrics-port").read_text())
+        with Client(srv.target) as c:
+            c.deploy(SCRIPT)
+        yield srv, port
+
+
+def test_scrapes_count_what_the_server_did(server):
+    srv, port = server
+    with Client(srv.target) as c:
+        for k, v in [(1, 5), (2, 7), (3, -1), (4, 2)]:
+            c.push("ins", pa.table({"k": pa.array([k], pa.int64()), "v": pa.array([v], pa.int64())})).result()
+        status = c.status()
+    metrics = scrape(port)
+    front = {labels[0][1]: v for (name, labels), v in metrics.items() if name == "streamtx_front_events_total"}
+    assert front["committed"] == status["counters"]["committed"] >= 3
+    assert front["rejected"] == status["counters"]["rejected"] >= 1
+    rows = {
+        dict(labels)["partition"]: v
+        for (name, labels), v in metrics.items()
+        if name == "streamtx_table_rows" and dict(labels)["table"] == "totals"
+    }
+    assert set(rows) == {"0", "1"} and sum(rows.values()) == 3  # keys 1, 2, 4 committed, spread by the map
+    for p in ("0", "1"):
+        assert metrics[("streamtx_partition_up", (("partition", p),))] == 1.0
+        committed = metrics[("streamtx_partition_events_total", (("event", "committed"), ("partition", p)))]
+        assert committed == status["counters"][f"partition{p}.committed"]
+    assert metrics[("streamtx_last_timestamp", ())] == status["last_timestamp"] > 0
+    assert metrics[("process_cpu_seconds_total", ())] > 0
+
+
+def test_the_endpoint_listens_on_loopback_only_by_default(server):
+    _, port = server
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))  # sends nothing: picks the interface a packet would leave by
+        address = probe.getsockname()[0]
+    except OSError:
+        address = "127.0.0.1"
+    finally:
+        probe.close()
+    if address.startswith("127."):
+        pytest.skip("this host has no address but loopback")
+    with pytest.raises(OSError), socket.create_connection((address, port), timeout=2):
+        pass
+
+
+def _serve(tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "streamtx", "serve", "--port", "0", "--data-dir", str(tmp_path), *flags]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_a_metrics_port_in_use_stops_the_start_and_says_so(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _serve(tmp_path, "--partitions", "1", "--metrics-port", str(port))
+    assert done.returncode != 0 and f"cannot serve metrics on 127.0.0.1:{port}" in done.stderr
