@@ -473,22 +473,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     _relative(lines)
     p1 = find_line(lines, workload="sensors", partitions=1)
     p2 = find_line(lines, workload="sensors", partitions=2, spanning_share=0.0)
-    # Paired per round: P = 1 and P = 2 run back to back on the same batches, so a change in what the
-    # rest of the shared machine does between rounds hits both; the claim is the median pair.
-    pairs = [b.per_s / a.per_s for a, b in zip(results[0], results[1], strict=True)]
-    ratio = median(pairs)
-    note(f"bench {NAME}: sensors P=2 / P=1 = {ratio:.2f} (target {P2_OVER_P1_TARGET}); every run checked", args.quiet)
     lines.append(
-        ratio_line(
-            NAME,
-            ratio,
+        _pair_line(
+            "sensors",
+            (results[0], p1),
+            (results[1], p2),
             P2_OVER_P1_TARGET,
             f"batches/s of the sensors workload at P = 2 ({args.batch_rows}-row batches, each on one partition)",
             "batches/s of the same batches at P = 1 in the same round (median over rounds of the per-round ratio)",
-            workload="sensors",
-            numerator_value=p2["batches_per_s"],
-            denominator_value=p1["batches_per_s"],
-            ratio_rounds=[round(x, 3) for x in pairs],
+            args.quiet,
             other_cores_rounds=[
                 [a.extra["other_cores"], b.extra["other_cores"]] for a, b in zip(results[0], results[1], strict=True)
             ],
@@ -496,24 +489,51 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     )
     state = [i for i, cfg in enumerate(configs) if cfg.workload == "voter-state"]
     if state:
-        one, two = (results[i] for i in state)
-        pairs = [b.per_s / a.per_s for a, b in zip(one, two, strict=True)]
-        ratio = median(pairs)
-        note(f"bench {NAME}: voter-state P=2 / P=1 = {ratio:.3f} (target {STATE_P2_OVER_P1_TARGET})", args.quiet)
         lines.append(
-            ratio_line(
-                NAME,
-                ratio,
+            _pair_line(
+                "voter-state",
+                (results[state[0]], lines[state[0]]),
+                (results[state[1]], lines[state[1]]),
                 STATE_P2_OVER_P1_TARGET,
                 "1-vote batches/s of the state-procedure voter at P = 2",
                 "1-vote batches/s of the same votes at P = 1 in the same round (median over rounds of the ratio)",
-                workload="voter-state",
-                numerator_value=lines[state[1]]["batches_per_s"],
-                denominator_value=lines[state[0]]["batches_per_s"],
-                ratio_rounds=[round(x, 3) for x in pairs],
+                args.quiet,
             )
         )
     return lines
+
+
+def _pair_line(
+    workload: str,
+    one: tuple[list[Measurement], dict[str, Any]],
+    two: tuple[list[Measurement], dict[str, Any]],
+    target: float,
+    numerator: str,
+    denominator: str,
+    quiet: bool,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The ratio line of P = 2 (`two`: its rounds and line) over P = 1, paired per round.
+
+    The two run back to back on the same input in each round, so a change in
+    what the rest of the shared machine does between rounds hits both; the
+    claim is the median pair.
+    """
+    pairs = [b.per_s / a.per_s for a, b in zip(one[0], two[0], strict=True)]
+    ratio = median(pairs)
+    note(f"bench {NAME}: {workload} P=2 / P=1 = {ratio:.3f} (target {target}); every run checked", quiet)
+    return ratio_line(
+        NAME,
+        ratio,
+        target,
+        numerator,
+        denominator,
+        workload=workload,
+        numerator_value=two[1]["batches_per_s"],
+        denominator_value=one[1]["batches_per_s"],
+        ratio_rounds=[round(x, 3) for x in pairs],
+        **extra,
+    )
 
 
 def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, batches: int) -> dict[str, Any]:
