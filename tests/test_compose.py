@@ -47,12 +47,20 @@ def dockerfile_stages() -> dict[str, list[str]]:
 
 
 def test_compose_file_is_valid_with_server_and_spark_job():
-    assert set(compose("config", "--services").split()) == {"streamtx", "spark-job"}
+    assert set(compose("config", "--services").split()) == {"streamtx", "spark-job", "prometheus"}
     config = compose("config")
     assert "target: spark-job" in config and "target: server" in config
     assert "condition: service_healthy" in config  # the job waits for the server's health check
     assert "127.0.0.1:7411:7411" in config or "published: 7411" in config
     assert "streamtx:7411" in config  # the job talks to the server by its service name
+
+
+def test_prometheus_scrapes_the_server_s_metrics_port():
+    config = compose("config")
+    assert "--metrics-port" in config and "9464" in config
+    scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
+    assert '"streamtx:9464"' in scrape  # the service name and the port the server's command gives
+    assert "127.0.0.1:9090:9090" in config or "published: 9090" in config or "published: \"9090\"" in config
 
 
 def test_images_build_from_this_repository_alone():

@@ -68,6 +68,9 @@ def test_scrapes_count_what_the_server_did(server):
         assert committed == status["counters"][f"partition{p}.committed"]
     assert metrics[("streamtx_last_timestamp", ())] == status["last_timestamp"] > 0
     assert metrics[("process_cpu_seconds_total", ())] > 0
+    assert metrics[("streamtx_push_seconds_count", ())] == 4  # every push, committed or rejected
+    assert 0 < metrics[("streamtx_push_seconds_sum", ())] < 60
+    assert metrics[("streamtx_push_seconds_bucket", (("le", "+Inf"),))] == 4
 
 
 def test_the_endpoint_listens_on_loopback_only_by_default(server):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import sys
+import time
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from streamtx.server.config import ServerConfig
 from streamtx.server.front import checks, scatter
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
+from streamtx.server.front.metrics import push_latency
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
@@ -55,6 +57,7 @@ class Front:
         self.partitions = Partitions(config)
         self.sequencer = Sequencer(order_timeout=config.order_timeout)
         self.counters: collections.Counter[str] = collections.Counter()
+        self.push_seconds = push_latency()  # admission to outcome, per pushed batch (front/metrics.py)
         self.admission = asyncio.Semaphore(config.max_in_flight)
         self._stream_events: dict[str, asyncio.Event] = {}
         self._deploy_lock = asyncio.Lock()
@@ -167,7 +170,10 @@ class Front:
                 return self._resent(stream, producer, batch_id)
             return self._dispatch_push(stream, producer, batch_id, ts, table)
 
-        return self.sequencer.submit(producer, stream, batch_id, dispatch)
+        started = time.perf_counter()
+        out = self.sequencer.submit(producer, stream, batch_id, dispatch)
+        out.add_done_callback(lambda f: f.cancelled() or self.push_seconds.observe(time.perf_counter() - started))
+        return out
 
     def _resent(self, stream: str, producer: str, batch_id: int) -> asyncio.Future:
         """A re-sent batch: DUPLICATE with the original outcome, whichever partitions its rows route to now.

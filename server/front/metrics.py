@@ -14,6 +14,9 @@ otherwise) and only reads. Families (`docs/operations.md` lists them):
 - `streamtx_partition_up{partition}`, `streamtx_partition_queued{partition}`:
   whether a worker is serving, and the commands sent to it not yet answered;
 - `streamtx_last_timestamp`: the newest global timestamp given out;
+- `streamtx_push_seconds`: a histogram of each pushed batch's time from
+  admission (the front took it) to its outcome (committed, rejected or
+  duplicate, durable as `--durability` says): what a producer waits;
 - `process_*` of the front process.
 """
 
@@ -24,7 +27,7 @@ import concurrent.futures
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
@@ -35,6 +38,17 @@ if TYPE_CHECKING:
     from streamtx.server.front.front import Front
 
 SCRAPE_TIMEOUT_S = 10.0  # a scrape waits behind a coordinated command at most this long
+PUSH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+def push_latency() -> Histogram:
+    """The front's histogram of admission-to-outcome seconds per pushed batch (observed whether served or not)."""
+    return Histogram(
+        "streamtx_push_seconds",
+        "Seconds from a pushed batch's admission to its outcome",
+        buckets=PUSH_BUCKETS,
+        registry=None,
+    )
 
 
 class StatusCollector(Collector):
@@ -90,5 +104,6 @@ def serve_metrics(front: Front, host: str, port: int) -> tuple[WSGIServer, int]:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ProcessCollector(registry=None))
     registry.register(StatusCollector(front, asyncio.get_running_loop()))
+    registry.register(front.push_seconds)
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port
