@@ -251,6 +251,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     default, the field's. `--token` shares its name with the global
     `streamtx --token`: given to `serve`, it wins; else the global one does.
     """
+    parser.add_argument(
+        "--config",
+        dest="config_file",
+        type=Path,
+        metavar="FILE.toml",
+        default=argparse.SUPPRESS,
+        help='settings from a TOML file, one key per flag without its dashes (data-dir = "/srv/streamtx", '
+        "partitions = 2); flags given as well win",
+    )
     defaults = ServerConfig()
     types = get_type_hints(ServerConfig)
     for f in fields(ServerConfig):
@@ -274,9 +283,75 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> ServerConfig:
-    """The config of the flags `add_arguments` parsed; a bad value is a ValueError naming its flag."""
+    """The config of the flags `add_arguments` parsed, over `--config`'s file; a bad value is a ValueError naming it."""
     given = vars(args)
-    return ServerConfig(**{f.name: given[f.name] for f in fields(ServerConfig) if f.name in given})
+    settings = read_toml(given["config_file"]) if "config_file" in given else {}
+    settings.update({f.name: given[f.name] for f in fields(ServerConfig) if f.name in given})
+    return ServerConfig(**settings)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The settings a TOML file gives, by field name: keys are the flags without their dashes.
+
+    A key no flag has, or a value of the wrong type, is a ValueError naming
+    the file and the key (the bounds are `ServerConfig`'s own checks).
+    """
+    import tomllib
+
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"--config {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--config {path}: not TOML: {e}") from None
+    by_key = {f.metadata["flag"].removeprefix("--no-").removeprefix("--"): f for f in fields(ServerConfig)}
+    types = get_type_hints(ServerConfig)
+    settings: dict[str, Any] = {}
+    for key, value in data.items():
+        f = by_key.get(key.replace("_", "-"))
+        if f is None:
+            raise ValueError(
+                f"--config {path}: no setting {key!r}; the keys are the flags of `streamtx serve` "
+                f"without their dashes ({', '.join(sorted(by_key))})"
+            )
+        settings[f.name] = _typed(value, types[f.name], f"--config {path}: {key} = {value!r}")
+    return settings
+
+
+def _typed(value: Any, kind: Any, where: str) -> Any:
+    """`value` from TOML as a setting of type `kind` (ints for floats, strings for paths), else a ValueError."""
+    plain_int = isinstance(value, int) and not isinstance(value, bool)
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind in (int, int | None) and plain_int:
+        return value
+    if kind is float and (plain_int or isinstance(value, float)):
+        return float(value)
+    if kind is Path and isinstance(value, str):
+        return Path(value)
+    if kind in (str, str | None) and isinstance(value, str):
+        return value
+    wanted = {bool: "true or false", float: "a number", Path: "a path (a string)"}.get(kind, "")
+    wanted = wanted or ("an integer" if kind in (int, int | None) else "a string")
+    raise ValueError(f"{where}: must be {wanted}")
+
+
+def to_toml(config: ServerConfig) -> str:
+    """The config as the TOML `--config` reads (`streamtx config show`); the token is never written out."""
+    lines = []
+    for f in fields(config):
+        key, value = f.metadata["flag"].removeprefix("--no-").removeprefix("--"), getattr(config, f.name)
+        if f.name == "token":
+            lines.append(f"# {key}: {'set, not shown' if value else 'none'}")
+        elif value is None:
+            lines.append(f"# {key}: off")
+        elif isinstance(value, bool):
+            lines.append(f"{key} = {'true' if value else 'false'}")
+        elif isinstance(value, int | float):
+            lines.append(f"{key} = {value!r}")
+        else:
+            lines.append(f"{key} = {json.dumps(str(value))}")
+    return "\n".join(lines) + "\n"
 
 
 def flags(**settings: Any) -> list[str]:

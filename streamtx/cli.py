@@ -182,6 +182,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"./{defaults.data_dir}.",
     )
     add_arguments(p)
+    p = sub.add_parser(
+        "config",
+        help="print the settings a `streamtx serve` with these flags would run with",
+        description="Prints the effective server settings as TOML (the format of `serve --config`): the "
+        "defaults, over them a --config file, over it the flags given. The token is never printed.",
+    )
+    p.add_argument("action", choices=["show"], help="show: print the settings")
+    add_arguments(p)
 
     for name, helptext in (
         ("demo", "run the voter leaderboard demo (arguments are passed on; try 'demo --help')"),
@@ -557,6 +565,18 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     os._exit(EXIT_OK)  # everything is stopped and closed; skips ≈ 0.2 s of interpreter teardown
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    from streamtx.errors import InvalidArgument
+    from streamtx.server.config import from_args, to_toml
+
+    try:
+        config = from_args(args)
+    except ValueError as e:
+        raise InvalidArgument(str(e)) from None
+    sys.stdout.write(to_toml(config))
+    return EXIT_OK
+
+
 def _run_forwarded(command: str, argv: list[str]) -> int:
     """Runs `streamtx demo|bench ...` by handing the remaining arguments to their main()."""
     module = "streamtx.procedures.voter.demo" if command == "demo" else "streamtx.bench"
@@ -600,6 +620,7 @@ _COMMANDS = {
     "checkpoint": _cmd_checkpoint,
     "health": _cmd_health,
     "serve": _cmd_serve,
+    "config": _cmd_config,
 }
 
 

@@ -60,7 +60,7 @@ def test_prometheus_scrapes_the_server_s_metrics_port():
     assert "--metrics-port" in config and "9464" in config
     scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
     assert '"streamtx:9464"' in scrape  # the service name and the port the server's command gives
-    assert "127.0.0.1:9090:9090" in config or "published: 9090" in config or "published: \"9090\"" in config
+    assert "127.0.0.1:9090:9090" in config or "published: 9090" in config or 'published: "9090"' in config
 
 
 def test_images_build_from_this_repository_alone():

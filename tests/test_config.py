@@ -148,3 +148,66 @@ def test_the_readme_lists_every_setting_with_its_default() -> None:
         if f.default is not MISSING and plain is not None:  # a value, not prose such as "one per core"
             value = getattr(defaults, f.name)
             assert type(value)(plain.group(1)) == value, f"README: {f.metadata['flag']} defaults to {value}"
+
+
+# --------------------------------------------------------------- --config FILE.toml
+
+
+def test_a_config_file_sets_settings_and_flags_given_as_well_win(tmp_path: Path) -> None:
+    file = tmp_path / "streamtx.toml"
+    file.write_text(
+        'data-dir = "/srv/streamtx"\npartitions = 1\ninterval_size = 7\ngroup-commit-ms = 1\n'
+        "uvloop = false\nmetrics-port = 9100\n"
+    )
+    parser = cli.build_parser()
+    config = from_args(parser.parse_args(["serve", "--config", str(file)]))
+    assert (config.data_dir, config.partitions, config.interval_size) == (Path("/srv/streamtx"), 1, 7)
+    assert (config.group_commit_ms, config.uvloop, config.metrics_port) == (1.0, False, 9100)
+    config = from_args(parser.parse_args(["serve", "--config", str(file), "--interval-size", "9", "--partitions", "2"]))
+    assert (config.interval_size, config.partitions, config.data_dir) == (9, 2, Path("/srv/streamtx"))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("partition = 2\n", "no setting 'partition'; the keys are the flags of `streamtx serve` without their dashes"),
+        ('partitions = "two"\n', "partitions = 'two': must be an integer"),
+        ("uvloop = 1\n", "uvloop = 1: must be true or false"),
+        ("partitions = 0\n", "--partitions 0: must be >= 1"),
+        ("partitions = \n", "not TOML"),
+    ],
+)
+def test_a_bad_config_file_stops_serve_naming_the_key(tmp_path: Path, text: str, message: str) -> None:
+    file = tmp_path / "bad.toml"
+    file.write_text(text)
+    out = serve("--config", str(file), tmp=tmp_path)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+    assert not (tmp_path / "data").exists()
+    missing = serve("--config", str(tmp_path / "none.toml"), tmp=tmp_path)
+    assert missing.returncode == 2 and "none.toml: No such file or directory" in missing.stderr
+
+
+def test_config_show_prints_what_serve_would_run_with_and_reads_back(tmp_path: Path) -> None:
+    def show(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "streamtx", "config", "show", *args], capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first = show(*flags(**{f.name: other_value(f.name) for f in SETTINGS if f.name != "token"}), "--token", "s3cret")
+    assert "s3cret" not in first and "# token: set, not shown" in first
+    file = tmp_path / "shown.toml"
+    file.write_text(first)
+    assert show("--config", str(file), "--token", "s3cret") == first
+    parser = cli.build_parser()
+    assert from_args(parser.parse_args(["serve", "--config", str(file)])) == replace(every_other(), token=None)
+
+
+def test_a_server_runs_with_the_settings_of_its_config_file(tmp_path: Path) -> None:
+    file = tmp_path / "streamtx.toml"
+    file.write_text("partitions = 1\nmetrics-port = 0\n")  # the metrics port file shows the file was read
+    from streamtx.server.embedded import EmbeddedServer
+
+    with EmbeddedServer(tmp_path / "data", extra_args=["--config", str(file)]) as srv:
+        assert int((srv.data_dir / "metrics-port").read_text()) > 0
