@@ -8,7 +8,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY streamtx streamtx
 COPY server server
 COPY client client
@@ -16,7 +16,7 @@ COPY recovery recovery
 COPY procedures procedures
 COPY bench bench
 COPY protos protos
-RUN pip install --no-cache-dir '.[spark]' && useradd --create-home streamtx && mkdir /work && chown streamtx /work
+RUN pip install --no-cache-dir -c constraints.txt '.[spark]' && useradd --create-home streamtx && mkdir /work && chown streamtx /work
 USER streamtx
 WORKDIR /work
 ENV PYSPARK_PYTHON=python3
@@ -26,7 +26,7 @@ CMD ["--target", "streamtx:7411", "--input", "/work/votes-raw", "--checkpoint", 
 # ---- the server ----------------------------------------------------------------------
 FROM python:3.11-slim AS server
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY streamtx streamtx
 COPY server server
 COPY client client
@@ -34,7 +34,7 @@ COPY recovery recovery
 COPY procedures procedures
 COPY bench bench
 COPY protos protos
-RUN pip install --no-cache-dir . && useradd --create-home streamtx && mkdir /data && chown streamtx /data
+RUN pip install --no-cache-dir -c constraints.txt . && useradd --create-home streamtx && mkdir /data && chown streamtx /data
 USER streamtx
 VOLUME /data
 EXPOSE 7411

@@ -1,4 +1,4 @@
-"""The build lists every package of the tree, and the generated protocol code is current."""
+"""The build lists every package of the tree, constraints.txt pins every dependency, the protocol code is current."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,3 +35,19 @@ def test_generated_protos_are_up_to_date(tmp_path):
         assert filecmp.cmp(generated, committed / generated.name, shallow=False), (
             f"{generated.name} is stale: run python protos/generate.py"
         )
+
+
+def test_constraints_pin_every_dependency_within_its_range():
+    """The set-up command installs with constraints.txt: a dependency it does not pin would float."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = [Requirement(r) for r in project["dependencies"]]
+    wanted += [Requirement(r) for extra in project["optional-dependencies"].values() for r in extra]
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            pins[name.lower().replace("_", "-")] = version
+    for req in wanted:
+        version = pins.get(req.name.lower().replace("_", "-"))
+        assert version is not None, f"constraints.txt does not pin {req.name}"
+        assert req.specifier.contains(version), f"constraints.txt pins {req.name}=={version}, outside {req.specifier}"
