@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -296,15 +297,13 @@ def read_toml(path: Path) -> dict[str, Any]:
     A key no flag has, or a value of the wrong type, is a ValueError naming
     the file and the key (the bounds are `ServerConfig`'s own checks).
     """
-    import tomllib
-
     try:
         data = tomllib.loads(Path(path).read_text())
     except OSError as e:
         raise ValueError(f"--config {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not TOML: {e}") from None
-    by_key = {f.metadata["flag"].removeprefix("--no-").removeprefix("--"): f for f in fields(ServerConfig)}
+    by_key = {_key(f): f for f in fields(ServerConfig)}
     types = get_type_hints(ServerConfig)
     settings: dict[str, Any] = {}
     for key, value in data.items():
@@ -316,6 +315,11 @@ def read_toml(path: Path) -> dict[str, Any]:
             )
         settings[f.name] = _typed(value, types[f.name], f"--config {path}: {key} = {value!r}")
     return settings
+
+
+def _key(f: dataclasses.Field) -> str:
+    """A setting's key in a TOML file: its flag without the dashes (`--no-uvloop`: `uvloop`)."""
+    return f.metadata["flag"].removeprefix("--no-").removeprefix("--")
 
 
 def _typed(value: Any, kind: Any, where: str) -> Any:
@@ -340,7 +344,7 @@ def to_toml(config: ServerConfig) -> str:
     """The config as the TOML `--config` reads (`streamtx config show`); the token is never written out."""
     lines = []
     for f in fields(config):
-        key, value = f.metadata["flag"].removeprefix("--no-").removeprefix("--"), getattr(config, f.name)
+        key, value = _key(f), getattr(config, f.name)
         if f.name == "token":
             lines.append(f"# {key}: {'set, not shown' if value else 'none'}")
         elif value is None:
