@@ -26,6 +26,8 @@ DEFAULT_PORT = 7411
 EXECUTORS = ("serial", "opchain")
 """`serial`: S-Store's way, every TE alone with its own state access. `opchain`: TStream's
 way, state procedures' events coalesced into punctuation intervals with set-based state access."""
+LOG_FORMATS = ("text", "json")
+"""`text`: `streamtx: ...` lines; `json`: one JSON object per line (server/log.py)."""
 DURABILITIES = ("strong", "weak", "off")
 """What the command log holds (server/partition/journal.py)."""
 
@@ -200,6 +202,12 @@ class ServerConfig:
         help="punctuation interval: at most this many queued batches (and the TEs they trigger) are "
         "executed and committed together",
         bound=AT_LEAST_ONE,
+    )
+    log_format: str = setting(
+        "text",
+        flag="--log-format",
+        help="stderr log lines: text, or json (one object per line: time, level, event, message, fields)",
+        choices=LOG_FORMATS,
     )
     metrics_port: int | None = setting(
         None,

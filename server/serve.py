@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
-import sys
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamtx.server import reflection
+from streamtx.server import log, reflection
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import decoding
 from streamtx.server.front.front import Front
@@ -35,6 +34,7 @@ class Server:
 
     def __init__(self, config: ServerConfig, launched: Launch | None = None) -> None:
         self.config = config
+        log.configure(config.log_format)
         self.front = Front(config, launched)
         self.port = 0
         self._grpc: grpc.aio.Server | None = None
@@ -97,15 +97,26 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
-        print(
-            f"streamtx {self.config.executor} server listening on {self.config.host}:{self.port} "
-            f"({self.config.partitions} partition(s), data in {self.config.data_dir})",
-            flush=True,
+        listening = (
+            f"{self.config.executor} server listening on {self.config.host}:{self.port} "
+            f"({self.config.partitions} partition(s), data in {self.config.data_dir})"
         )
+        if self.config.log_format == "json":
+            log.event(
+                "start",
+                listening,
+                host=self.config.host,
+                port=self.port,
+                partitions=self.config.partitions,
+                data_dir=self.config.data_dir,
+                metrics_port=self.metrics_port,
+            )
+        else:
+            print(f"streamtx {listening}", flush=True)
         periodic = asyncio.create_task(self.front.checkpoint_periodically())
         await stop.wait()
         periodic.cancel()
-        print("streamtx: shutting down", file=sys.stderr, flush=True)
+        log.event("shutdown", "shutting down")
         await self.stop()
         failure = self.front.supervisor.failure
         if failure is not None:

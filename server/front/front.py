@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import sys
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -25,8 +24,8 @@ from streamtx.errors import (
     StreamTxError,
     Unavailable,
 )
+from streamtx.server import log, sqltree
 from streamtx.server import protocol as pr
-from streamtx.server import sqltree
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.physical import create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
@@ -398,7 +397,7 @@ class Front:
             try:
                 await self.checkpoint()
             except StreamTxError as e:
-                print(f"streamtx: periodic checkpoint failed: {e.message}", file=sys.stderr, flush=True)
+                log.event("checkpoint_failed", f"periodic checkpoint failed: {e.message}", level="warning")
 
     # ------------------------------------------------------------------ status
     async def status(self) -> dict[str, Any]:

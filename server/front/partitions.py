@@ -21,7 +21,6 @@ import asyncio
 import itertools
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamtx.errors import Unavailable, error_for
+from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, encode, pack, read_frame, unpack
@@ -177,7 +177,7 @@ class Partition:
                 await asyncio.sleep(0.01)
         if self.error is None:
             self.error = self._death(code)
-            print(f"streamtx: {self.error}", file=sys.stderr, flush=True)
+            log.event("partition_lost", self.error, level="error", pid=self.pid)  # the message names the partition
         if self.hold_on_exit:
             self.hold()
         else:  # what it held from a dead predecessor stays for the next one

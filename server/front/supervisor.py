@@ -26,12 +26,12 @@ keeps dying stops the server with the reason, as does any death under
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from streamtx.errors import StreamTxError, Unavailable
+from streamtx.server import log
 from streamtx.server.front.partitions import Partition
 from streamtx.server.launch import spawn_worker
 
@@ -94,7 +94,7 @@ class Supervisor:
                     return
                 self.restarts.append(time.monotonic())
                 front.counters["restarts"] += 1
-                print(f"streamtx: {cause}; restarting the partition workers", file=sys.stderr, flush=True)
+                log.event("restart", f"{cause}; restarting the partition workers", level="warning", cause=cause)
                 try:
                     await self._bring_up()
                 except (StreamTxError, OSError) as e:
@@ -104,7 +104,7 @@ class Supervisor:
                 break
             replayed = sum(p.replay() for p in front.partitions.all)
             self.watch(self.done)
-            print(f"streamtx: partitions recovered; {replayed} request(s) sent again", file=sys.stderr, flush=True)
+            log.event("recovered", f"partitions recovered; {replayed} request(s) sent again", replayed=replayed)
         finally:
             self._recovered.set()
             front.gate.resume()
@@ -137,7 +137,7 @@ class Supervisor:
 
     def _give_up(self, reason: str) -> None:
         self.failure = reason
-        print(f"streamtx: {reason}", file=sys.stderr, flush=True)
+        log.event("stopped", reason, level="error")
         error = Unavailable(reason)
         for p in self.front.partitions.all:
             p.hold_on_exit = False

@@ -30,7 +30,6 @@ safe, since marks are rebuilt by replay too).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +50,7 @@ from streamtx.recovery.checkpoint import checkpoint_name, list_checkpoints
 from streamtx.recovery.log import Log
 from streamtx.recovery.records import Record
 from streamtx.recovery.records import RecordKind as K
+from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.ipc import join_runs, split_runs
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
@@ -396,4 +396,4 @@ def _ungrouped(head: dict[str, Any], tables: list[pa.Table]) -> list[pa.Table]:
 
 
 def _say(partition: int, message: str) -> None:
-    print(f"streamtx: partition {partition}: {message}", file=sys.stderr, flush=True)
+    log.event("recovery", message, partition=partition)

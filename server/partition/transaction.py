@@ -10,7 +10,6 @@ retained stream (one nothing consumes) are stored instead, for subscribers.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ import pyarrow as pa
 
 from streamtx.errors import Aborted, InvalidArgument, StreamTxError
 from streamtx.procedure import Event, Row, StateProcedure, Tx
-from streamtx.server import sqltree
+from streamtx.server import log, sqltree
 from streamtx.server.catalog.compile import (
     TS_PARAMS,
     Compiled,
@@ -386,7 +385,12 @@ class Transaction(Tx):
 
 
 def _warn_defect(sql: str, e: Exception) -> None:
-    print(f"streamtx: compiled SQL failed ({type(e).__name__}: {e}); ran in DuckDB instead: {sql}", file=sys.stderr)
+    log.event(
+        "compiled_sql_failed",
+        f"compiled SQL failed ({type(e).__name__}: {e}); ran in DuckDB instead: {sql}",
+        level="warning",
+        sql=sql,
+    )
 
 
 def error_text(e: Exception) -> str:

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
+from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
@@ -136,7 +137,7 @@ class Worker:
                 self.dataflow, part / "checkpoints", checkpoint_ts, part / "log", done, self.engine.partition
             )
         except (CorruptLog, CorruptCheckpoint) as e:
-            print(f"streamtx: partition {self.engine.partition}: cannot recover: {e}", file=sys.stderr, flush=True)
+            log.event("recovery_failed", f"cannot recover: {e}", level="error", partition=self.engine.partition)
             os._exit(2)
         self.dataflow.journal = self.journal
         return info
@@ -284,7 +285,7 @@ class Worker:
         durable = self.journal.log.durable_lsn
         failed = self.journal.log.failed
         if failed is not None:
-            print(f"streamtx: partition {self.engine.partition}: command log failed: {failed}", file=sys.stderr)
+            log.event("log_failed", f"command log failed: {failed}", level="error", partition=self.engine.partition)
             os._exit(3)  # acknowledging nothing more; the restarted partition recovers
         ready: list[Frame] = []
         while self.acks and self.acks[0][0] <= durable:
@@ -353,15 +354,23 @@ class Worker:
         any other command is answered INTERNAL and the worker goes on.
         """
         if not isinstance(e, StreamTxError):
-            traceback.print_exception(e, file=sys.stderr)
+            trace = "".join(traceback.format_exception(e))
             if type(request.command) in pr.TAKES_BATCH:
-                print(
-                    f"streamtx: partition {self.engine.partition}: internal error in {request.command.name!r}; "
-                    "stopping this worker (the front restarts it)",
-                    file=sys.stderr,
-                    flush=True,
+                log.event(
+                    "internal_error",
+                    f"internal error in {request.command.name!r}; stopping this worker (the front restarts it)",
+                    level="error",
+                    partition=self.engine.partition,
+                    detail=trace,
                 )
                 os._exit(4)
+            log.event(
+                "internal_error",
+                f"internal error in {request.command.name!r}; answered INTERNAL",
+                level="error",
+                partition=self.engine.partition,
+                detail=trace,
+            )
             e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
         self.frames.write(pr.Response(request.id, pr.Failed(e.code.value[0], e.message)))
 
@@ -449,6 +458,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    log.configure(args.config.log_format)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
     sock = socket.socket(fileno=args.fd)
@@ -456,7 +466,7 @@ def main(argv: list[str] | None = None) -> None:
         worker = Worker(args.partition, SocketFrames(sock), args.config)
     except (CorruptLog, CorruptCheckpoint) as e:
         where = args.config.partition_dir(args.partition)
-        print(f"streamtx: partition {args.partition}: cannot recover from {where}: {e}", file=sys.stderr, flush=True)
+        log.event("recovery_failed", f"cannot recover from {where}: {e}", level="error", partition=args.partition)
         os._exit(2)
     try:
         worker.serve()

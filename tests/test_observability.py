@@ -1,10 +1,13 @@
-"""`streamtx serve --metrics-port`: Prometheus metrics over HTTP, equal to what Status says at that moment."""
+"""What an operator watches: Prometheus metrics (`--metrics-port`), equal to Status; JSON logs (`--log-format json`)."""
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pyarrow as pa
@@ -101,3 +104,27 @@ def test_a_metrics_port_in_use_stops_the_start_and_says_so(tmp_path):
         port = taken.getsockname()[1]
         done = _serve(tmp_path, "--partitions", "1", "--metrics-port", str(port))
     assert done.returncode != 0 and f"cannot serve metrics on 127.0.0.1:{port}" in done.stderr
+
+
+def test_json_logs_are_one_object_per_line_with_their_event(tmp_path):
+    argv = [sys.executable, "-m", "streamtx", "serve", "--port", "0", "--partitions", "2"]
+    argv += ["--data-dir", str(tmp_path), "--log-format", "json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "port").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with Client(f"127.0.0.1:{int((tmp_path / 'port').read_text())}") as c:
+            c.deploy(SCRIPT)
+            c.push("ins", pa.table({"k": pa.array([1], pa.int64()), "v": pa.array([2], pa.int64())})).result()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    records = [json.loads(line) for line in err.splitlines() if line.strip()]  # every stderr line is JSON
+    events = [r["event"] for r in records]
+    assert "start" in events and events[-1] == "shutdown", events
+    start = records[events.index("start")]
+    assert start["partitions"] == 2 and start["port"] > 0 and start["level"] == "info"
+    assert all({"time", "level", "event", "message"} <= r.keys() for r in records)
+    assert "listening" not in out  # the start line went to the log, not to stdout
