@@ -354,23 +354,17 @@ class Worker:
         any other command is answered INTERNAL and the worker goes on.
         """
         if not isinstance(e, StreamTxError):
-            trace = "".join(traceback.format_exception(e))
-            if type(request.command) in pr.TAKES_BATCH:
-                log.event(
-                    "internal_error",
-                    f"internal error in {request.command.name!r}; stopping this worker (the front restarts it)",
-                    level="error",
-                    partition=self.engine.partition,
-                    detail=trace,
-                )
-                os._exit(4)
+            fatal = type(request.command) in pr.TAKES_BATCH
+            then = "stopping this worker (the front restarts it)" if fatal else "answered INTERNAL"
             log.event(
                 "internal_error",
-                f"internal error in {request.command.name!r}; answered INTERNAL",
+                f"internal error in {request.command.name!r}; {then}",
                 level="error",
                 partition=self.engine.partition,
-                detail=trace,
+                detail="".join(traceback.format_exception(e)),
             )
+            if fatal:
+                os._exit(4)
             e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
         self.frames.write(pr.Response(request.id, pr.Failed(e.code.value[0], e.message)))
 
