@@ -34,6 +34,7 @@ VERBS: dict[str, str] = {
     "spark": "streamtx.bench.spark",
     "ipc": "streamtx.bench.ipc",
     "recovery": "streamtx.bench.recovery",
+    "overload": "streamtx.bench.overload",
 }
 
 

@@ -19,10 +19,12 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import random
 import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -118,12 +120,61 @@ def message_to_dict(msg: Message) -> dict[str, Any]:
     return out
 
 
+def _pem(value: str | bytes | Path | None, what: str) -> bytes | None:
+    """PEM bytes given as themselves or as the path of a file holding them."""
+    if value is None or isinstance(value, bytes):
+        return value
+    try:
+        return Path(value).read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what} {value}: {e.strerror or e}") from None
+
+
+def channel_credentials(
+    tls_ca: str | bytes | Path | None = None,
+    tls_cert: str | bytes | Path | None = None,
+    tls_key: str | bytes | Path | None = None,
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials for a channel (PEM bytes or file paths); None: plaintext (none of them given).
+
+    `tls_ca` is the CA that signed the server's certificate (none: the
+    system's roots); `tls_cert`/`tls_key` are the client's certificate for a
+    server that asks for one (mutual TLS), both or neither.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("tls_cert and tls_key go together: give both (mutual TLS) or neither")
+    if tls_ca is None and tls_cert is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_pem(tls_ca, "tls_ca"),
+        private_key=_pem(tls_key, "tls_key"),
+        certificate_chain=_pem(tls_cert, "tls_cert"),
+    )
+
+
 def _backoff(attempt: int) -> float:
     return min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * (2**attempt))
 
 
 def _mapped(e: grpc.aio.AioRpcError) -> errors.StreamTxError:
-    return errors.error_for(e.code(), e.details() or e.code().name)
+    return errors.error_for(e.code(), _explained(e.details() or e.code().name), e.trailing_metadata())
+
+
+def _explained(details: str) -> str:
+    """A failure to connect, with the TLS settings to look at when TLS is the likely cause."""
+    if "failed to connect" not in details:
+        return details
+    if "handshake" in details.lower():
+        return (
+            f"{details} (the TLS handshake failed: tls_ca / --tls-ca must be the CA that signed the server's "
+            "certificate, and a server that asks for a client certificate needs tls_cert/tls_key signed by its CA)"
+        )
+    if details.endswith("Socket closed"):
+        return (
+            f"{details} (the server closed the connection at once: if it serves TLS, connect with tls_ca / "
+            "--tls-ca; if it asks for a client certificate, give tls_cert/tls_key signed by its CA)"
+        )
+    return details
 
 
 @dataclass
@@ -159,7 +210,13 @@ class AsyncClient:
         arrow: bool = True,
         retries: int = 5,
         timeout: float | None = None,
+        tls_ca: str | bytes | Path | None = None,
+        tls_cert: str | bytes | Path | None = None,
+        tls_key: str | bytes | Path | None = None,
     ) -> None:
+        """`token`: sent as `authorization: Bearer <token>`. `tls_ca` (PEM bytes or a path): connect over
+        TLS, trusting the server certificate it signed; `tls_cert`/`tls_key`: the client's certificate for
+        a server that asks for one (mutual TLS). Neither: plaintext."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if retries < 0:
@@ -171,6 +228,7 @@ class AsyncClient:
         self.retries = retries
         self.timeout = timeout
         self._metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
+        self._credentials = channel_credentials(tls_ca, tls_cert, tls_key)
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.StreamTxStub | None = None
         self._closed = False
@@ -216,27 +274,34 @@ class AsyncClient:
         if self._closed:
             raise errors.FailedPrecondition("client is closed")
         if self._stub is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.target,
-                options=[
-                    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                    # Reconnect quickly after a server restart so push retries can succeed. (Not
-                    # min_reconnect_backoff_ms: gRPC core also takes it as the minimum connect timeout.)
-                    ("grpc.initial_reconnect_backoff_ms", 100),
-                    ("grpc.max_reconnect_backoff_ms", 2000),
-                ],
-            )
+            options = [
+                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                # Reconnect quickly after a server restart so push retries can succeed. (Not
+                # min_reconnect_backoff_ms: gRPC core also takes it as the minimum connect timeout.)
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 2000),
+            ]
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self.target, options=options)
+            else:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=options)
             self._stub = pb_grpc.StreamTxStub(self._channel)
         return self._stub
 
     # -- unary calls -----------------------------------------------------------
 
     async def _unary(self, name: str, request: Message, *, retry: bool) -> Any:
-        """Calls one unary RPC, mapping errors; retries UNAVAILABLE only when `retry`."""
+        """Calls one unary RPC, mapping errors; retries UNAVAILABLE only when `retry`.
+
+        An `Overloaded` refusal (nothing was taken) is tried again after the
+        server's hint for as long as `timeout` allows, without counting as a retry.
+        """
         stub = self._ensure_stub()
         fn = getattr(stub, name)
         attempt = 0
+        loop = asyncio.get_running_loop()
+        give_up = None if self.timeout is None else loop.time() + self.timeout
         while True:
             try:
                 return await fn(request, metadata=self._metadata, timeout=self.timeout)
@@ -245,7 +310,13 @@ class AsyncClient:
                     await asyncio.sleep(_backoff(attempt))
                     attempt += 1
                     continue
-                raise _mapped(e) from None
+                error = _mapped(e)
+                if isinstance(error, errors.Overloaded):
+                    pause = error.retry_after * random.uniform(1.0, 1.5)
+                    if give_up is None or loop.time() + pause < give_up:
+                        await asyncio.sleep(pause)
+                        continue
+                raise error from None
 
     async def deploy(self, sql: str) -> DeployResult:
         """Deploys a script (DDL, streams, windows, procedures, triggers) atomically."""
@@ -496,17 +567,18 @@ class AsyncClient:
 
         When a write races the end of a call, grpc.aio replaces the server's
         status with INTERNAL "Internal error from Core", losing e.g. an
-        UNAUTHENTICATED. A Status call with the same credentials recovers
-        refusals that will not go away by retrying; anything else is treated
-        as a broken connection.
+        UNAUTHENTICATED. A Stage call naming no stream, with the same
+        credentials, needs the same role as a push and changes nothing: it
+        recovers refusals that will not go away by retrying; anything else is
+        treated as a broken connection.
         """
         if self._stub is None:
             return None
         try:
-            await self._stub.Status(pb.StatusRequest(), metadata=self._metadata, timeout=5)
+            await self._stub.Stage(pb.StageRequest(), metadata=self._metadata, timeout=5)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-                return _mapped(e)
+                return errors.error_for(e.code(), (e.details() or "").replace("Stage is", "PushStream is", 1))
         return None
 
     async def _write(self, call: Any, queue: asyncio.Queue[int | None]) -> None:

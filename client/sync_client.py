@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
+from pathlib import Path
 from typing import Any, TypeVar
 
 from .async_client import DEFAULT_TARGET, AsyncClient
@@ -36,8 +37,14 @@ class Client:
         arrow: bool = True,
         retries: int = 5,
         timeout: float | None = None,
+        tls_ca: str | bytes | Path | None = None,
+        tls_cert: str | bytes | Path | None = None,
+        tls_key: str | bytes | Path | None = None,
     ) -> None:
         kwargs = {
+            "tls_ca": tls_ca,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
             "token": token,
             "producer_id": producer_id,
             "max_in_flight": max_in_flight,

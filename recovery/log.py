@@ -325,6 +325,7 @@ class Log(Protocol):
     def flush_soon(self) -> None: ...
     def wait_durable(self, lsn: int, timeout: float | None = None) -> bool: ...
     def truncate_before(self, lsn: int) -> int: ...
+    def size_bytes(self) -> int: ...
     def records(self, from_lsn: int | None = None) -> Iterator[Record]: ...
     def close(self) -> None: ...
 
@@ -367,6 +368,7 @@ class CommandLog:
         first_lsn: int = 1,
         on_durable: Callable[[int], None] | None = None,
         on_failure: Callable[[LogFailed], None] | None = None,
+        on_synced: Callable[[float], None] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.group_bytes = group_bytes
@@ -376,6 +378,7 @@ class CommandLog:
         self.fsync = fsync
         self.on_durable = on_durable
         self.on_failure = on_failure
+        self.on_synced = on_synced  # called on the flusher thread with each group's write + sync seconds
         self.payload_format = payload_format
         make_dir(self.directory)
         self.torn: TornTail | None = None
@@ -550,6 +553,7 @@ class CommandLog:
                 self._pending = []
                 self._pending_bytes = 0
                 self._flush_wanted = False
+            started = time.perf_counter()
             try:
                 self._write_group(group)
             except OSError as e:
@@ -563,6 +567,8 @@ class CommandLog:
                 if self.on_failure is not None:
                     self.on_failure(err)
                 return
+            if self.on_synced is not None:
+                self.on_synced(time.perf_counter() - started)
             with self._cv:
                 self._durable = group[-1][0]
                 self.groups += 1
@@ -605,6 +611,16 @@ class CommandLog:
         if removed:
             fsync_dir(self.directory)
         return removed
+
+    def size_bytes(self) -> int:
+        """Bytes of the segments on disk (records appended but not yet written excluded)."""
+        total = 0
+        for _, path in list_segments(self.directory):
+            try:
+                total += path.stat().st_size
+            except FileNotFoundError:  # truncated meanwhile
+                pass
+        return total
 
     def records(self, from_lsn: int | None = None) -> Iterator[Record]:
         """Replays the durable records from `from_lsn` (see `LogReader.records`)."""
@@ -672,6 +688,9 @@ class NullLog:
         return True
 
     def truncate_before(self, lsn: int) -> int:
+        return 0
+
+    def size_bytes(self) -> int:
         return 0
 
     def records(self, from_lsn: int | None = None) -> Iterator[Record]:

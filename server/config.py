@@ -110,9 +110,35 @@ class ServerConfig:
     token: str | None = setting(
         flag="--token",
         factory=lambda: os.environ.get("STREAMTX_TOKEN") or None,
-        help="bearer token clients must send; none means no authentication",
+        help="an admin bearer token; once any token is set (here or in --tokens-file), every verb but Health "
+        "needs one whose role covers it (docs/operations.md); none at all: no authentication",
         shown="the global --token, else env STREAMTX_TOKEN",
         metavar="TOKEN",
+    )
+    tokens_file: Path | None = setting(
+        None,
+        flag="--tokens-file",
+        help="more bearer tokens, one 'ROLE TOKEN' per line (roles: read, write, admin; '#' comments); "
+        "read at start-up",
+        shown="none",
+        metavar="PATH",
+    )
+    tls_cert: Path | None = setting(
+        None,
+        flag="--tls-cert",
+        help="serve over TLS with this PEM certificate (chain); needs --tls-key",
+        shown="none: plaintext",
+        metavar="PATH",
+    )
+    tls_key: Path | None = setting(
+        None, flag="--tls-key", help="the PEM private key of --tls-cert (unencrypted)", shown="none", metavar="PATH"
+    )
+    tls_client_ca: Path | None = setting(
+        None,
+        flag="--tls-client-ca",
+        help="mutual TLS: clients must present a certificate signed by a CA of this PEM bundle; needs --tls-cert",
+        shown="none: no client certificate asked",
+        metavar="PATH",
     )
     uvloop: bool = setting(True, flag="--no-uvloop", help="run on the default asyncio loop, not uvloop")
     max_batch_rows: int = setting(
@@ -124,8 +150,23 @@ class ServerConfig:
     max_in_flight: int = setting(
         1024,
         flag="--max-in-flight",
-        help="pushed batches admitted but not yet acknowledged, per server; beyond it pushes wait",
+        help="pushed batches admitted but not yet answered, per server; beyond it a PushStream producer "
+        "waits (flow control) and a unary Push waits up to --push-wait, then gets RESOURCE_EXHAUSTED",
         bound=AT_LEAST_ONE,
+    )
+    max_in_flight_bytes: int = setting(
+        128 * 1024 * 1024,
+        flag="--max-in-flight-bytes",
+        help="bytes of pushed messages (as received) admitted but not yet answered, per server; "
+        "beyond it pushes wait as for --max-in-flight",
+        bound=AT_LEAST_ONE,
+    )
+    push_wait: float = setting(
+        0.5,
+        flag="--push-wait",
+        help="seconds a unary Push waits for room under --max-in-flight before it is refused with "
+        "RESOURCE_EXHAUSTED and a retry hint (trailing metadata retry-after-ms)",
+        bound=NOT_NEGATIVE,
     )
     stream_retention: int = setting(
         10_000,
@@ -224,6 +265,14 @@ class ServerConfig:
         "is queued; 0: never waits",
         bound=NOT_NEGATIVE,
     )
+    slow_te_ms: float = setting(
+        1000.0,
+        flag="--slow-te-ms",
+        help="log a slow_te event for each committed TE that ran longer than this many milliseconds "
+        "(fractions allowed); 0: never",
+        bound=NOT_NEGATIVE,
+        metavar="MS",
+    )
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -234,6 +283,13 @@ class ServerConfig:
                 raise ValueError(f"{meta['flag']} {value!r}: must be {meta['bound'].wants}")
         if self.bins < self.partitions:
             raise ValueError(f"--bins {self.bins}: must be at least --partitions ({self.partitions})")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            given, missing = ("--tls-cert", "--tls-key") if self.tls_key is None else ("--tls-key", "--tls-cert")
+            raise ValueError(f"{given} {self.tls_cert or self.tls_key}: needs {missing} as well (both or neither)")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise ValueError(
+                f"--tls-client-ca {self.tls_client_ca}: needs --tls-cert and --tls-key (mutual TLS is TLS first)"
+            )
 
     def partition_dir(self, index: int) -> Path:
         """Where partition `index` keeps its command log and checkpoints."""
@@ -246,7 +302,8 @@ class ServerConfig:
     @classmethod
     def from_json(cls, text: str) -> ServerConfig:
         types = get_type_hints(cls)
-        return cls(**{name: Path(v) if types[name] is Path else v for name, v in json.loads(text).items()})
+        paths = {name for name, kind in types.items() if kind in (Path, Path | None)}
+        return cls(**{name: Path(v) if name in paths and v is not None else v for name, v in json.loads(text).items()})
 
 
 def _plain(value: Any) -> Any:
@@ -280,6 +337,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         shown = meta["shown"] or getattr(defaults, f.name)
         if kind == int | None:
             kind = int
+        if kind == Path | None:
+            kind = Path
         parser.add_argument(
             meta["flag"],
             dest=f.name,
@@ -339,8 +398,10 @@ def _typed(value: Any, kind: Any, where: str) -> Any:
         return value
     if kind is float and (plain_int or isinstance(value, float)):
         return float(value)
-    if kind is Path and isinstance(value, str):
+    if kind in (Path, Path | None) and isinstance(value, str):
         return Path(value)
+    if kind == Path | None:
+        kind = Path
     if kind in (str, str | None) and isinstance(value, str):
         return value
     wanted = {bool: "true or false", float: "a number", Path: "a path (a string)"}.get(kind, "")

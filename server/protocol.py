@@ -271,7 +271,7 @@ class ReadMarks(Command):
 
 @dataclass(frozen=True)
 class Status(Command):
-    """Counters and table sizes. Replies a dict (the Status document's partition entry)."""
+    """Counters, table sizes, `metrics` (partition/meter.py). Replies a dict (the Status document's partition entry)."""
 
     name = "status"
 
@@ -376,6 +376,7 @@ class Checkpointed:
     path: str
     lsn: int
     ts: int
+    bytes: int = 0  # the checkpoint's files, in all
 
 
 @dataclass(frozen=True)

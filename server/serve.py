@@ -17,9 +17,10 @@ from wsgiref.simple_server import WSGIServer
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamtx.server import log, reflection
+from streamtx.server import log, reflection, security
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import decoding
+from streamtx.server.front.auth import TokenInterceptor
 from streamtx.server.front.front import Front
 from streamtx.server.front.metrics import serve_metrics
 from streamtx.server.front.service import StreamTxService
@@ -46,19 +47,33 @@ class Server:
         self.front.supervisor.on_fatal = lambda _: self._stop.set()
 
     async def start(self) -> None:
+        try:
+            tls, tokens = security.load_tls(self.config), security.load_tokens(self.config)
+        except ValueError as e:  # `streamtx serve` checked them already: changed since
+            raise SystemExit(f"streamtx: {e}") from None
         await self.front.start()
         limit = self.config.max_message_bytes
         self._grpc = grpc.aio.server(
+            interceptors=[TokenInterceptor(tokens)] if tokens else None,
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
                 ("grpc.so_reuseport", 0),
-            ]
+            ],
         )
         decoding.add_service(StreamTxService(self.front), self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable(self._grpc, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
-        self.port = self._grpc.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        address = f"{self.config.host}:{self.config.port}"
+        if tls is None:
+            self.port = self._grpc.add_insecure_port(address)
+        else:
+            credentials = grpc.ssl_server_credentials(
+                [(tls.private_key, tls.cert_chain)],
+                root_certificates=tls.client_ca,
+                require_client_auth=tls.client_ca is not None,
+            )
+            self.port = self._grpc.add_secure_port(address, credentials)
         if self.port == 0:
             raise SystemExit(f"streamtx: cannot listen on {self.config.host}:{self.config.port}")
         await self._grpc.start()
@@ -97,9 +112,13 @@ class Server:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        transport = "plaintext" if self.config.tls_cert is None else "TLS"
+        if self.config.tls_client_ca is not None:
+            transport = "mutual TLS"
         listening = (
             f"{self.config.executor} server listening on {self.config.host}:{self.port} "
-            f"({self.config.partitions} partition(s), data in {self.config.data_dir})"
+            f"({self.config.partitions} partition(s), data in {self.config.data_dir}, {transport}, "
+            f"{'tokens required' if self.config.token or self.config.tokens_file else 'no token required'})"
         )
         if self.config.log_format == "json":
             log.event(
@@ -110,6 +129,8 @@ class Server:
                 partitions=self.config.partitions,
                 data_dir=self.config.data_dir,
                 metrics_port=self.metrics_port,
+                transport=transport,
+                tokens=bool(self.config.token or self.config.tokens_file),
             )
         else:
             print(f"streamtx {listening}", flush=True)

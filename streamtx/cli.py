@@ -22,7 +22,7 @@ from streamtx.errors import StreamTxError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from rich.console import Console
+    from rich.console import Console, Group
     from rich.table import Table
 
     from streamtx.client import Result
@@ -61,6 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--token",
         default=os.environ.get("STREAMTX_TOKEN") or None,
         help="bearer token sent on every call (env STREAMTX_TOKEN)",
+    )
+    parser.add_argument(
+        "--tls-ca",
+        dest="client_tls_ca",
+        metavar="PATH",
+        default=os.environ.get("STREAMTX_TLS_CA") or None,
+        help="connect over TLS, trusting the server certificate this PEM CA signed (env STREAMTX_TLS_CA)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        dest="client_tls_cert",
+        metavar="PATH",
+        default=os.environ.get("STREAMTX_TLS_CERT") or None,
+        help="client certificate (PEM) for a server that asks for one, mutual TLS; with --tls-key "
+        "(env STREAMTX_TLS_CERT)",
+    )
+    parser.add_argument(
+        "--tls-key",
+        dest="client_tls_key",
+        metavar="PATH",
+        default=os.environ.get("STREAMTX_TLS_KEY") or None,
+        help="the PEM private key of --tls-cert (env STREAMTX_TLS_KEY)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -173,6 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
         "prints the status; exit 0 when SERVING, 1 otherwise or when unreachable.",
     )
 
+    p = sub.add_parser(
+        "top",
+        help="a live view of the server: per partition, rates, TE latency, CPU busy, queues",
+        description="Polls Status every --interval seconds and shows, per partition, whether it serves, its "
+        "queued commands, batches committed and rejected and TEs aborted per second, TE run time p50/p99 "
+        "over the last interval, CPU busy; then the streams, and the rows of each table. Ctrl-C quits.",
+    )
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between polls (default %(default)s)")
+    p.add_argument(
+        "--once", action="store_true", help="print one frame (rates over one --interval) and exit, no live view"
+    )
+
     defaults = ServerConfig()
     p = sub.add_parser(
         "serve",
@@ -222,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- helpers -----------------------------------------------------------------------
 
 _FORWARDED = ("demo", "bench")
-_GLOBAL_WITH_VALUE = ("--target", "--token")
+_GLOBAL_WITH_VALUE = ("--target", "--token", "--tls-ca", "--tls-cert", "--tls-key")
 
 
 def _forwarded_split(argv: Sequence[str]) -> int | None:
@@ -253,7 +287,16 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"token": args.token}
+    """The global --token and --tls-* options, as the clients take them; unreadable files are InvalidArgument."""
+    from streamtx.client.async_client import channel_credentials
+    from streamtx.errors import InvalidArgument
+
+    tls = {"tls_ca": args.client_tls_ca, "tls_cert": args.client_tls_cert, "tls_key": args.client_tls_key}
+    try:
+        channel_credentials(**tls)
+    except ValueError as e:
+        raise InvalidArgument(f"{e} (--tls-ca, --tls-cert, --tls-key)") from None
+    return {"token": args.token, **tls}
 
 
 def parse_value(text: str) -> int | float | str:
@@ -460,6 +503,166 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_top(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+    from streamtx.errors import InvalidArgument
+
+    if args.interval <= 0:
+        raise InvalidArgument("--interval must be > 0")
+    with Client(args.target, **_client_kwargs(args)) as c:
+        before = c.status()
+        at = time.monotonic()
+        if args.once:
+            time.sleep(args.interval)
+            now = c.status()
+            _console().print(top_view(args.target, now, before, time.monotonic() - at))
+            return EXIT_OK
+        from rich.live import Live
+
+        try:
+            with Live(top_view(args.target, before, None, 0.0), console=_console(), auto_refresh=False) as live:
+                while True:
+                    time.sleep(args.interval)
+                    now, taken = c.status(), time.monotonic()
+                    live.update(top_view(args.target, now, before, taken - at), refresh=True)
+                    before, at = now, taken
+        except KeyboardInterrupt:  # how one leaves it
+            return EXIT_OK
+
+
+def quantile(q: float, bounds: Sequence[float], counts: Sequence[int]) -> float | None:
+    """The `q` quantile of a histogram (per-bucket counts, the last above every bound), as Prometheus'
+    histogram_quantile estimates it: linear within the bucket; None without observations."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(counts):
+        if n and seen + n >= rank:
+            if i >= len(bounds):
+                return float(bounds[-1]) if bounds else None
+            low = bounds[i - 1] if i else 0.0
+            return low + (bounds[i] - low) * (rank - seen) / n
+        seen += n
+    return float(bounds[-1]) if bounds else None
+
+
+def _te_counts(partition: dict[str, Any]) -> tuple[list[float], list[int]]:
+    """A partition's TE run-time histogram over all its procedures: bounds, per-bucket counts."""
+    bounds: list[float] = []
+    counts: list[int] = []
+    for proc in (partition.get("metrics") or {}).get("procedures") or []:
+        h = proc.get("te_seconds") or {}
+        if not bounds:
+            bounds, counts = list(h.get("bounds") or []), [0] * len(h.get("counts") or [])
+        for i, n in enumerate(h.get("counts") or []):
+            if i < len(counts):
+                counts[i] += n
+    return bounds, counts
+
+
+def top_view(target: str, now: dict[str, Any], before: dict[str, Any] | None, seconds: float) -> Group:
+    """One frame of `streamtx top`: `now`, with rates over the `seconds` since `before` (None: totals only)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    counters = now.get("counters") or {}
+    old_counters = (before or {}).get("counters") or {}
+    old_parts = {p.get("id", 0): p for p in (before or {}).get("partitions") or []}
+
+    def rate(new: float, old: float | None) -> str:
+        if before is None or seconds <= 0 or old is None:
+            return "[dim]-[/dim]"
+        return f"{max(new - old, 0) / seconds:,.1f}"
+
+    def ms(value: float | None) -> str:
+        return "[dim]-[/dim]" if value is None else f"{value * 1000:,.3g} ms"
+
+    head = Table.grid(padding=(0, 2))
+    head.add_row(
+        f"[bold]streamtx top[/bold] {_escape(target)}",
+        f"version {_escape(str(now.get('version', '')))}",
+        f"executor {_escape(str(now.get('executor', '')))}",
+        f"last timestamp [bold]{now.get('last_timestamp', 0):,}[/bold]",
+        f"every {seconds:.1f} s" if before is not None else "",
+    )
+
+    parts = Table(title="partitions", title_justify="left")
+    columns = ("partition", "alive", "queued", "committed/s", "rejected/s", "aborted/s", "TE p50", "TE p99")
+    for col in (*columns, "CPU busy", "committed", "log"):
+        parts.add_column(col, justify="left" if col == "alive" else "right")
+    for p in now.get("partitions") or []:
+        i = p.get("id", 0)
+        m = p.get("metrics") or {}
+        old = old_parts.get(i)
+        old_m = (old or {}).get("metrics") or {}
+        alive = "[green]yes[/green]" if p.get("alive") and not p.get("error") else "[red]no[/red]"
+        if p.get("error"):
+            alive += f" [dim]{_escape(str(p['error']))}[/dim]"
+        committed = counters.get(f"partition{i}.committed", 0)
+        rejected = counters.get(f"partition{i}.rejected", 0)
+        aborted = sum(x.get("tes_aborted", 0) for x in m.get("procedures") or [])
+        old_aborted = sum(x.get("tes_aborted", 0) for x in old_m.get("procedures") or []) if old else None
+        bounds, counts = _te_counts(p)
+        if old is not None:  # the TEs of the last interval, when there were some; else since the start
+            _, old_counts = _te_counts(old)
+            recent = [n - o for n, o in zip(counts, old_counts, strict=False)] if old_counts else counts
+            if len(recent) == len(counts) and sum(recent) > 0 and min(recent) >= 0:
+                counts = recent
+        cpu = m.get("cpu_seconds", 0.0)
+        busy = "[dim]-[/dim]"
+        if old is not None and seconds > 0 and "cpu_seconds" in old_m:
+            busy = f"{max(cpu - old_m['cpu_seconds'], 0) / seconds:.0%}"
+        parts.add_row(
+            str(i),
+            alive,
+            f"{p.get('queued', 0):,}",
+            rate(committed, old_counters.get(f"partition{i}.committed", 0) if old is not None else None),
+            rate(rejected, old_counters.get(f"partition{i}.rejected", 0) if old is not None else None),
+            rate(aborted, old_aborted),
+            ms(quantile(0.5, bounds, counts)),
+            ms(quantile(0.99, bounds, counts)),
+            busy,
+            f"{committed:,}",
+            _size(m.get("log_bytes", 0)),
+        )
+
+    tables: dict[str, int] = {}
+    for name, n in counters.items():
+        head_, _, rest = name.partition(".")
+        if head_.startswith("partition") and rest.startswith("rows."):
+            tables[rest[len("rows.") :]] = tables.get(rest[len("rows.") :], 0) + n
+    rows = Table(title="tables", title_justify="left")
+    rows.add_column("table")
+    rows.add_column("rows", justify="right")
+    for name in sorted(tables):
+        rows.add_row(_escape(name), f"{tables[name]:,}")
+
+    streams = Table(title="streams", title_justify="left")
+    for col in ("stream", "committed/s", "committed", "rejected", "duplicate", "rows"):
+        streams.add_column(col, justify="left" if col == "stream" else "right")
+    old_streams = {s.get("stream"): s for s in (before or {}).get("stream_metrics") or []}
+    for s in now.get("stream_metrics") or []:
+        old_s = old_streams.get(s.get("stream"))
+        streams.add_row(
+            _escape(str(s.get("stream", ""))),
+            rate(s.get("committed", 0), old_s.get("committed", 0) if old_s else (0 if before else None)),
+            f"{s.get('committed', 0):,}",
+            f"{s.get('rejected', 0):,}",
+            f"{s.get('duplicate', 0):,}",
+            f"{s.get('rows', 0):,}",
+        )
+    return Group(head, parts, rows, streams)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return f"{n:,.1f} GiB"
+
+
 def _cmd_push(args: argparse.Namespace) -> int:
     from streamtx.errors import InvalidArgument
 
@@ -515,7 +718,7 @@ async def _push_table(args: argparse.Namespace, table: pa.Table) -> tuple[Counte
     futures: list[asyncio.Future[PushResult]] = []
     async with AsyncClient(
         args.target,
-        token=args.token,
+        **_client_kwargs(args),
         producer_id=args.producer_id,
         max_in_flight=args.max_in_flight,
         arrow=not args.protobuf,
@@ -548,10 +751,12 @@ async def _push_table(args: argparse.Namespace, table: pa.Table) -> tuple[Counte
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from streamtx.errors import InvalidArgument
+    from streamtx.server import security
     from streamtx.server.config import from_args
 
     try:
         config = from_args(args)
+        security.check(config)  # the TLS files and tokens, before the data directory is touched
     except ValueError as e:
         raise InvalidArgument(str(e)) from None
     from streamtx.server.launch import launch
@@ -597,7 +802,18 @@ def _cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(args.target) as channel:
+    from streamtx.client.async_client import channel_credentials
+
+    try:
+        credentials = channel_credentials(args.client_tls_ca, args.client_tls_cert, args.client_tls_key)
+    except (OSError, ValueError) as e:
+        print(f"{args.target}: {e}", file=sys.stderr)
+        return 1
+    if credentials is None:
+        channel = grpc.insecure_channel(args.target)
+    else:
+        channel = grpc.secure_channel(args.target, credentials)
+    with channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service="streamtx.v1.StreamTx"), timeout=5
@@ -619,6 +835,7 @@ _COMMANDS = {
     "status": _cmd_status,
     "checkpoint": _cmd_checkpoint,
     "health": _cmd_health,
+    "top": _cmd_top,
     "serve": _cmd_serve,
     "config": _cmd_config,
 }

@@ -7,6 +7,8 @@ catch `StreamTxError` or the precise kind.
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 
@@ -18,6 +20,10 @@ class StreamTxError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        """Trailing metadata the status carries (see `Overloaded`)."""
+        return ()
 
 
 class InvalidArgument(StreamTxError):
@@ -48,6 +54,21 @@ class OutOfRange(StreamTxError):
 
 class ResourceExhausted(StreamTxError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+RETRY_AFTER_KEY = "retry-after-ms"
+"""Trailing metadata of an `Overloaded` refusal: milliseconds after which trying again is likely to succeed."""
+
+
+class Overloaded(ResourceExhausted):
+    """The server is at its admission limit; nothing was taken. Retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        return ((RETRY_AFTER_KEY, str(max(1, round(self.retry_after * 1000)))),)
 
 
 class Unauthenticated(StreamTxError):
@@ -100,10 +121,14 @@ _BY_CODE: dict[grpc.StatusCode, type[StreamTxError]] = {
 _BY_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def error_for(code: grpc.StatusCode | int, message: str) -> StreamTxError:
-    """The exception for a status code (a grpc.StatusCode or its integer value)."""
+def error_for(code: grpc.StatusCode | int, message: str, trailers: Any = ()) -> StreamTxError:
+    """The exception for a status code (a grpc.StatusCode or its integer value) and its trailing metadata."""
     if isinstance(code, int):
         code = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        hint = dict(trailers or ()).get(RETRY_AFTER_KEY)
+        if hint is not None and hint.isdigit():
+            return Overloaded(message, int(hint) / 1000)
     cls = _BY_CODE.get(code, StreamTxError)
     err = cls(message)
     if cls is StreamTxError:

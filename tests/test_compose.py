@@ -7,6 +7,7 @@ binary this test fails: it is not skipped.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -47,7 +48,7 @@ def dockerfile_stages() -> dict[str, list[str]]:
 
 
 def test_compose_file_is_valid_with_server_and_spark_job():
-    assert set(compose("config", "--services").split()) == {"streamtx", "spark-job", "prometheus"}
+    assert set(compose("config", "--services").split()) == {"streamtx", "spark-job", "prometheus", "grafana"}
     config = compose("config")
     assert "target: spark-job" in config and "target: server" in config
     assert "condition: service_healthy" in config  # the job waits for the server's health check
@@ -61,6 +62,31 @@ def test_prometheus_scrapes_the_server_s_metrics_port():
     scrape = (ROOT / "deploy" / "prometheus.yml").read_text()
     assert '"streamtx:9464"' in scrape  # the service name and the port the server's command gives
     assert "127.0.0.1:9090:9090" in config or "published: 9090" in config or 'published: "9090"' in config
+
+
+def test_grafana_shows_the_dashboard_over_prometheus():
+    config = compose("config")
+    assert "127.0.0.1:3000:3000" in config or "published: 3000" in config or 'published: "3000"' in config
+    for path in ("deploy/grafana/provisioning", "deploy/grafana/streamtx-dashboard.json"):
+        assert (ROOT / path).exists() and path.split("/")[-1] in config
+    source = (ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    assert "http://prometheus:9090" in source and "uid: prometheus" in source
+    provider = (ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "streamtx.yml").read_text()
+    assert "/var/lib/grafana/dashboards" in provider and "/var/lib/grafana/dashboards/streamtx-dashboard.json" in config
+    dashboard = json.loads((ROOT / "deploy" / "grafana" / "streamtx-dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for panel in dashboard["panels"] for t in panel["targets"])
+    assert all(panel["datasource"]["uid"] == "prometheus" for panel in dashboard["panels"])
+    for family in (  # throughput, rejects/aborts, latency, queue depth, CPU busy, log size
+        "streamtx_stream_batches_total",
+        "streamtx_procedure_tes_total",
+        "streamtx_te_seconds_bucket",
+        "streamtx_push_seconds_bucket",
+        "streamtx_partition_queued",
+        "streamtx_partition_cpu_seconds_total",
+        "streamtx_log_bytes",
+    ):
+        assert family in exprs, family
+    assert "histogram_quantile(0.99" in exprs and "histogram_quantile(0.5" in exprs
 
 
 def test_images_build_from_this_repository_alone():

@@ -28,7 +28,7 @@ def other_value(name: str) -> Any:
         return next(c for c in choices if c != default)
     if kind is bool:
         return not default
-    if kind is Path:
+    if kind in (Path, Path | None):
         return Path("/srv") / name
     if kind is int:
         return default + 3
@@ -37,6 +37,10 @@ def other_value(name: str) -> Any:
     if kind is float:
         return default + 1.5
     return f"{name}-value"
+
+
+NEEDS = {"tls_cert": ("tls_key",), "tls_key": ("tls_cert",), "tls_client_ca": ("tls_cert", "tls_key")}
+"""Settings that are only valid along with others."""
 
 
 def every_other() -> ServerConfig:
@@ -72,7 +76,7 @@ def test_no_flag_keeps_every_default_and_each_flag_sets_its_setting() -> None:
     assert from_args(parser.parse_args(["serve"])) == ServerConfig()
     for f in SETTINGS:
         value = other_value(f.name)
-        argv = ["serve", *flags(**{f.name: value})]
+        argv = ["serve", *flags(**{f.name: value}, **{n: other_value(n) for n in NEEDS.get(f.name, ())})]
         assert getattr(from_args(parser.parse_args(argv)), f.name) == value, argv
     assert from_args(parser.parse_args(["serve", *flags(**vars_of(every_other()))])) == every_other()
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 
+from streamtx.client.spark.rpc import Conn
 from streamtx.errors import FailedPrecondition, InvalidArgument
 
 DEFAULT_TARGET = "127.0.0.1:7411"
@@ -25,6 +26,10 @@ KNOWN = {
     "timeout",
     "checkpointlocation",
     "path",
+    "token",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
 }
 ON_REJECTED = ("fail", "log")
 
@@ -41,6 +46,11 @@ class Options:
     starting_batch: int = 0
     timeout_s: float = 60.0
     checkpoint: str = ""
+    token: str | None = field(default=None, repr=False)
+    # PEM, read from the options' paths on the driver: the executors need no copy of the files
+    tls_ca: bytes | None = field(default=None, repr=False)
+    tls_cert: bytes | None = field(default=None, repr=False)
+    tls_key: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Options:
@@ -67,7 +77,28 @@ class Options:
             starting_batch=_int(opts, "starting_batch", 0, 0),
             timeout_s=float(opts.get("timeout", 60.0)),
             checkpoint=opts.get("checkpointlocation", ""),
+            token=opts.get("token") or os.environ.get("STREAMTX_TOKEN") or None,
+            tls_ca=_pem(opts, "tls_ca"),
+            tls_cert=_pem(opts, "tls_cert"),
+            tls_key=_pem(opts, "tls_key"),
         )
+
+    def conn(self, **kwargs: float) -> Conn:
+        """A connection to the server with these options' token and TLS files (`kwargs`: Conn's timeouts)."""
+        return Conn(
+            self.target, token=self.token, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key, **kwargs
+        )
+
+
+def _pem(opts: Mapping[str, str], name: str) -> bytes | None:
+    """The PEM file an option names (default: env STREAMTX_<NAME>), read now; None if neither is given."""
+    path = opts.get(name) or os.environ.get(f"STREAMTX_{name.upper()}")
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidArgument(f"streamtx: option {name!r}: cannot read {path}: {e.strerror or e}") from None
 
 
 def _int(opts: Mapping[str, str], name: str, default: int, minimum: int) -> int:

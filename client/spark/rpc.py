@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 import pyarrow as pa
 
+from streamtx.client.async_client import channel_credentials
 from streamtx.errors import Unavailable, error_for
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
@@ -30,17 +31,31 @@ T = TypeVar("T")
 class Conn:
     """One channel to the server, with retries on transport errors."""
 
-    def __init__(self, target: str, *, timeout_s: float = 60.0, retry_for_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = 60.0,
+        retry_for_s: float = 30.0,
+        token: str | None = None,
+        tls_ca: bytes | None = None,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+    ) -> None:
+        """`token` goes as `authorization: Bearer`; `tls_ca` (PEM) makes it TLS, `tls_cert`/`tls_key` mutual TLS."""
         self.target = target
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
-        self.channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ],
-        )
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        options = [
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        ]
+        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        if credentials is None:
+            self.channel = grpc.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.secure_channel(target, credentials, options=options)
         self.stub = pb_grpc.StreamTxStub(self.channel)
         self.retries = 0
 
@@ -59,7 +74,7 @@ class Conn:
         delay = 0.05
         while True:
             try:
-                return method(request, timeout=self.timeout_s)
+                return method(request, timeout=self.timeout_s, metadata=self.metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code in RETRYABLE and time.monotonic() < deadline:
@@ -81,7 +96,7 @@ class Conn:
         request = pb.StageRequest(
             stream=stream, staging_id=staging_id, part=part, chunk=chunk, data=encode_rowdata(table)
         )
-        return request, self.stub.Stage.future(request, timeout=self.timeout_s)
+        return request, self.stub.Stage.future(request, timeout=self.timeout_s, metadata=self.metadata)
 
     def finish_stage(self, started: Any) -> pb.StageResponse:
         request, fut = started

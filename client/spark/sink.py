@@ -52,7 +52,7 @@ class _Validated:
             raise InvalidArgument(
                 f"streamtx: stream {self.opts.stream!r} is append-only; write in append mode (not overwrite/complete)"
             )
-        with Conn(self.opts.target, retry_for_s=min(self.opts.timeout_s, 10.0)) as conn:
+        with self.opts.conn(retry_for_s=min(self.opts.timeout_s, 10.0)) as conn:
             desc = conn.describe(self.opts.stream)
         if not desc.border:
             raise FailedPrecondition(
@@ -62,7 +62,7 @@ class _Validated:
         self.mapping = column_map(schema, read_schema(desc.arrow_schema), self.opts.stream)
 
     def conn(self) -> Conn:
-        return Conn(self.opts.target, timeout_s=self.opts.timeout_s)
+        return self.opts.conn(timeout_s=self.opts.timeout_s)
 
     def stage(self, conn: Conn, staging_id: str, part: str, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
         """Stages record batches as chunks of `chunk_rows` rows, a few in flight; returns (chunks, rows)."""

@@ -17,7 +17,6 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from streamtx.client.spark.options import Options, read_schema
-from streamtx.client.spark.rpc import Conn
 from streamtx.errors import FailedPrecondition
 
 BATCH_ID_COLUMN = "batch_id"
@@ -25,7 +24,7 @@ BATCH_ID_COLUMN = "batch_id"
 
 def source_schema(opts: Options) -> StructType:
     """The stream's columns plus `batch_id` (checked on the driver: the stream exists and is readable)."""
-    with Conn(opts.target, retry_for_s=min(opts.timeout_s, 10.0)) as conn:
+    with opts.conn(retry_for_s=min(opts.timeout_s, 10.0)) as conn:
         desc = conn.describe(opts.stream)
     if not desc.readable:
         raise FailedPrecondition(
@@ -54,7 +53,7 @@ class StreamSourceReader(DataSourceStreamReader):
         return {"next": self.opts.starting_batch}
 
     def latestOffset(self, start: dict, limit: object) -> dict:  # noqa: N802
-        with Conn(self.opts.target, timeout_s=self.opts.timeout_s) as conn:
+        with self.opts.conn(timeout_s=self.opts.timeout_s) as conn:
             complete = conn.describe(self.opts.stream, complete_through=True).complete_through
         return {"next": max(int(start["next"]), complete + 1)}
 
@@ -64,7 +63,7 @@ class StreamSourceReader(DataSourceStreamReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, BatchRange)
         names = [f.name for f in self.schema.fields]
-        with Conn(self.opts.target, timeout_s=self.opts.timeout_s) as conn:
+        with self.opts.conn(timeout_s=self.opts.timeout_s) as conn:
             for batch_id, table in conn.read(self.opts.stream, partition.start, partition.end):
                 if table.num_rows == 0:
                     continue

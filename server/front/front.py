@@ -32,6 +32,7 @@ from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import checks, scatter
+from streamtx.server.front.admission import Admission
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
 from streamtx.server.front.metrics import push_latency
@@ -57,7 +58,9 @@ class Front:
         self.sequencer = Sequencer(order_timeout=config.order_timeout)
         self.counters: collections.Counter[str] = collections.Counter()
         self.push_seconds = push_latency()  # admission to outcome, per pushed batch (front/metrics.py)
-        self.admission = asyncio.Semaphore(config.max_in_flight)
+        self.stream_counters: collections.Counter[tuple[str, str]] = collections.Counter()  # (stream, outcome|rows)
+        self.recovery_seconds = 0.0  # the last recovery's, all partitions (start-up or worker restart)
+        self.admission = Admission(config.max_in_flight, config.max_in_flight_bytes)
         self._stream_events: dict[str, asyncio.Event] = {}
         self._deploy_lock = asyncio.Lock()
         self._lock_file: Any = None
@@ -92,6 +95,7 @@ class Front:
         after the highest one any log holds, skipped commands included, and
         are never given twice.
         """
+        started = time.perf_counter()
         infos: list[pr.Recoverable] = [r for r, _ in await self.partitions.broadcast(pr.RecoveryInfo())]
         self.sequencer.last_ts = max([self.sequencer.last_ts, *(i.last_ts for i in infos)])
         common = set.intersection(*(set(i.checkpoints) for i in infos)) if infos else set()
@@ -103,6 +107,7 @@ class Front:
         await self.partitions.broadcast(pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True))
         for marks, _ in await self.partitions.broadcast(pr.ReadMarks()):
             self.sequencer.load_marks(marks.marks, marks.last_ts)
+        self.recovery_seconds = time.perf_counter() - started
         return set(infos[HOME].done)
 
     async def stop(self) -> None:
@@ -125,6 +130,9 @@ class Front:
             self.catalog = new
             self.sequencer.forget_streams(set(new.streams))
             self.counters["deploys"] += 1
+        made, gone = [f"{kind} {name}" for kind, name in created], [f"{kind} {name}" for kind, name in dropped]
+        what = f"created {', '.join(made) or 'nothing'}; dropped {', '.join(gone) or 'nothing'}"
+        log.event("deploy", f"deployed catalog version {new.version}: {what}", created=made, dropped=gone)
         units = [
             name if kind == "procedure" else f"trigger {name}"
             for kind, name in created
@@ -171,8 +179,23 @@ class Front:
 
         started = time.perf_counter()
         out = self.sequencer.submit(producer, stream, batch_id, dispatch)
-        out.add_done_callback(lambda f: f.cancelled() or self.push_seconds.observe(time.perf_counter() - started))
+        out.add_done_callback(lambda f: f.cancelled() or self._pushed(stream, table.num_rows, f, started))
         return out
+
+    def _pushed(self, stream: str, rows: int, out: asyncio.Future, started: float) -> None:
+        """A pushed batch's outcome came: its latency, and its stream's counts."""
+        self.push_seconds.observe(time.perf_counter() - started)
+        self._count_outcome(stream, rows, out)
+
+    def _count_outcome(self, stream: str, rows: int, out: asyncio.Future) -> None:
+        """Counts a batch's outcome (committed, rejected, duplicate) and committed rows per stream (Status)."""
+        if out.exception() is not None:
+            return
+        outcome = getattr(out.result(), "outcome", None)
+        if outcome is not None:
+            self.stream_counters[(stream, outcome)] += 1
+            if outcome == "committed":
+                self.stream_counters[(stream, "rows")] += rows
 
     def _resent(self, stream: str, producer: str, batch_id: int) -> asyncio.Future:
         """A re-sent batch: DUPLICATE with the original outcome, whichever partitions its rows route to now.
@@ -233,7 +256,9 @@ class Front:
             command = pr.Reject(stream, producer, batch_id, ts, error.code.value[0], error.message)
             return self.gate.run(lambda: self._finish_push(self.partitions[HOME].send(command)))
 
-        return self.sequencer.submit(producer, stream, batch_id, dispatch)
+        out = self.sequencer.submit(producer, stream, batch_id, dispatch)
+        out.add_done_callback(lambda f: f.cancelled() or self._count_outcome(stream, 0, f))
+        return out
 
     def _dispatch_push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> asyncio.Future:
         target = self.local_target(stream, table)
@@ -384,10 +409,19 @@ class Front:
         gate like any command), then write it on a helper thread while they go
         on executing; this returns when every partition has written its own.
         """
+        started = time.perf_counter()
         ts = self.sequencer.last_ts
         replies = await self.ask_all(pr.Checkpoint(ts))
         await self.ask_all(pr.Release(ts))
         self.counters["checkpoints"] += 1
+        seconds, size = time.perf_counter() - started, sum(r[0].bytes for r in replies)
+        log.event(
+            "checkpoint",
+            f"checkpoint at timestamp {ts}: {len(replies)} partition(s), {size:,} bytes, {seconds:.3f} s",
+            ts=ts,
+            seconds=round(seconds, 6),
+            bytes=size,
+        )
         return ts, [r[0] for r in replies]
 
     async def checkpoint_periodically(self) -> None:
@@ -406,6 +440,9 @@ class Front:
         While the partitions are being restarted, only the front's (it answers at once).
         """
         counters = dict(self.counters)
+        counters["in_flight_batches"] = self.admission.batches
+        counters["in_flight_bytes"] = self.admission.bytes
+        counters["admission_waiting"] = self.admission.waiting
         live = [p for p in self.partitions.all if p.alive] if self.supervisor.serving else []
         replies = []
         if live:
@@ -414,11 +451,13 @@ class Front:
                     asyncio.gather(*(p.send(pr.Status()) for p in live), return_exceptions=True)
                 )
             )
+        metrics: dict[int, dict[str, Any]] = {}
         for p, reply in zip(live, replies, strict=True):
             if isinstance(reply, BaseException) or isinstance(reply[0], pr.Failed):
                 continue
             for name, n in reply[0]["counters"].items():
                 counters[f"partition{p.index}.{name}"] = n
+            metrics[p.index] = reply[0]["metrics"]
         parts = []
         for p in self.partitions.all:
             parts.append(
@@ -430,11 +469,18 @@ class Front:
                     "error": p.error or ("" if self.supervisor.serving else "being restarted"),
                 }
             )
+            if p.index in metrics:  # protobuf PartitionMetrics (partition/meter.py)
+                parts[-1]["metrics"] = metrics[p.index]
+        streams: dict[str, dict[str, Any]] = {}
+        for (stream, what), n in sorted(self.stream_counters.items()):
+            streams.setdefault(stream, {"stream": stream})[what] = n
         return {
             "partitions": parts,
             "bins": self.map.bins,
             "counters": counters,
             "last_timestamp": self.sequencer.last_ts,
+            "stream_metrics": list(streams.values()),  # protobuf StreamMetrics
+            "recovery_seconds": self.recovery_seconds,
         }
 
 

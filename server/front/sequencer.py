@@ -107,6 +107,11 @@ class Sequencer:
                 )
             )
 
+    def awaited(self, producer: str, stream: str, batch_id: int) -> bool:
+        """True if a later batch of the producer is parked, waiting for this one."""
+        parked = self._parked.get((producer, stream))
+        return bool(parked) and max(parked) > batch_id
+
     def parked_count(self) -> int:
         return sum(len(p) for p in self._parked.values())
 

@@ -23,10 +23,11 @@ from streamtx.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    Overloaded,
     ResourceExhausted,
     StreamTxError,
-    Unauthenticated,
 )
+from streamtx.server.front.admission import Admission
 from streamtx.server.front.front import Front
 from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.server.protocol import Outcome, StatementPlan
@@ -49,18 +50,16 @@ def version() -> str:
         return "0+unknown"
 
 
-def rpc(admin: bool = False) -> Callable:
-    """Maps StreamTxError onto the call's status; checks the token for admin verbs."""
+def rpc() -> Callable:
+    """Maps StreamTxError onto the call's status (tokens are checked before: server/front/auth.py)."""
 
     def wrap(method: Callable) -> Callable:
         @functools.wraps(method)
         async def handler(self: StreamTxService, request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
-                if admin:
-                    self.authorize(context, method.__name__)
                 return await method(self, request, context)
             except StreamTxError as e:
-                await context.abort(e.code, e.message)
+                await context.abort(e.code, e.message, e.trailers())
             except asyncio.CancelledError:
                 raise
             except Exception as e:
@@ -89,20 +88,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         self._taken: collections.OrderedDict[tuple[str, str, int], None] = collections.OrderedDict()
         self._sweep: asyncio.TimerHandle | None = None
 
-    def authorize(self, context: grpc.aio.ServicerContext, verb: str) -> None:
-        token = self.front.config.token
-        if not token:
-            return
-        metadata = dict(context.invocation_metadata() or ())
-        given = metadata.get("authorization", "")
-        if given != f"Bearer {token}":
-            why = "no token given" if not given else "wrong token"
-            raise Unauthenticated(
-                f"{verb} is an admin verb and this server requires a token ({why}); send "
-                "metadata 'authorization: Bearer <token>'"
-            )
-
-    @rpc(admin=True)
+    @rpc()
     async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> pb.CheckpointResponse:
         ts, parts = await self.front.checkpoint()
         return pb.CheckpointResponse(
@@ -110,7 +96,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             partitions=[pb.PartitionCheckpoint(partition=i, path=p.path, lsn=p.lsn) for i, p in enumerate(parts)],
         )
 
-    @rpc(admin=True)
+    @rpc()
     async def Deploy(self, request: pb.DeployRequest, context: Any) -> pb.DeployResponse:
         created, dropped, plans = await self.front.deploy(request.sql)
         return pb.DeployResponse(
@@ -127,7 +113,39 @@ class StreamTxService(pb_grpc.StreamTxServicer):
 
     @rpc()
     async def Push(self, request: pb.PushRequest, context: Any) -> pb.PushAck:
-        return await self._push(request)
+        if request.batch_rows:
+            raise InvalidArgument(
+                f"push to {request.stream!r}: batch_rows (several batches in one message) is for PushStream; "
+                "a unary Push carries one batch"
+            )
+        size = request.ByteSize()
+        await self._admit_one(request.stream, request.producer_id, request.batch_id, size, self.front.config.push_wait)
+        try:
+            return await self._push(request)
+        finally:
+            self.front.admission.release(1, size)
+
+    async def _admit_one(self, stream: str, producer: str, batch_id: int, size: int, wait: float | None) -> None:
+        """Waits up to `wait` seconds (None: as long as it takes) for room; else Overloaded.
+
+        A batch that later batches of its producer, admitted first, wait for
+        in the sequencer goes in whatever the limit: they hold room until it comes.
+        """
+        front, admission = self.front, self.front.admission
+        if front.sequencer.awaited(producer, stream, batch_id):
+            admission.admit_now(1, size)
+            return
+        if await admission.acquire(1, size, wait):
+            return
+        front.counters["push_refused"] += 1
+        retry_after = admission.retry_after()
+        raise Overloaded(
+            f"push to {stream!r} (producer {producer!r}, batch {batch_id}): the server "
+            f"is at its admission limit ({admission.batches} batches, {admission.bytes} bytes in flight; "
+            f"--max-in-flight {admission.max_batches}, --max-in-flight-bytes {admission.max_bytes}); nothing was "
+            f"taken, retry in {retry_after * 1000:.0f} ms",
+            retry_after,
+        )
 
     async def PushStream(
         self, request_iterator: AsyncIterator[pb.PushRequest], context: grpc.aio.ServicerContext
@@ -147,14 +165,15 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         async def read() -> None:
             try:
                 async for request in request_iterator:
-                    await front.admission.acquire()
+                    batches, size = max(len(request.batch_rows), 1), request.ByteSize()
+                    await front.admission.acquire(batches, size)
                     front.counters["push_messages"] += 1
                     try:
                         message = self._start_message(request)
                     except BaseException:
-                        front.admission.release()
+                        front.admission.release(batches, size)
                         raise
-                    message.when_done(front.admission.release)
+                    message.release_each(front.admission, size)
                     await messages.put(message)
             finally:
                 await messages.put(None)
@@ -258,7 +277,14 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     @rpc()
     async def Query(self, request: pb.QueryRequest, context: Any) -> pb.QueryResponse:
         table = await self.front.query(request.sql, params_from_proto(request.params))
-        return pb.QueryResponse(result=encode_rowdata(table, request.format != pb.ROWS))
+        result = encode_rowdata(table, request.format != pb.ROWS)
+        limit = self.front.config.max_message_bytes
+        if result.ByteSize() > limit:
+            raise ResourceExhausted(
+                f"query: its result of {table.num_rows} rows takes {result.ByteSize()} bytes, more than "
+                f"--max-message-bytes ({limit}); narrow it (WHERE, LIMIT/OFFSET pages, fewer columns)"
+            )
+        return pb.QueryResponse(result=result)
 
     async def Subscribe(
         self, request: pb.SubscribeRequest, context: grpc.aio.ServicerContext
@@ -299,6 +325,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             views=cat.names("view"),
             counters=st["counters"],
             last_timestamp=st["last_timestamp"],
+            stream_metrics=st["stream_metrics"],
+            recovery_seconds=st["recovery_seconds"],
         )
 
     # ------------------------------------------------- streams for connectors
@@ -400,6 +428,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             while len(self._taken) > TAKEN_REMEMBERED:
                 self._taken.popitem(last=False)
         ack = pb.PushAck(stream=stream, producer_id=producer, batch_id=batch_id, rows=table.num_rows)
+        await self._admit_one(stream, producer, batch_id, 0, None)  # its rows count in --staging-max-bytes
         try:
             outcome = await front.push(stream, producer, batch_id, table)
         except StreamTxError:
@@ -407,6 +436,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             # for a duplicate; the writer stages the rows again
             self._taken.pop(key, None)
             raise
+        finally:
+            front.admission.release(1, 0)
         front.counters["staged_commits"] += 1
         front.counters["staged_parts_discarded"] = self.staging.discarded
         front.counters["staging_expired"] = self.staging.expired
@@ -438,13 +469,19 @@ class _Message:
         self.acks = acks
         self.futures = futures  # None: answered already (refused before it was sequenced)
 
-    def when_done(self, callback: Callable[[], None]) -> None:
-        """Calls `callback` once every batch of the message has its outcome, whether or not its acks were read."""
-        pending = [f for f in self.futures if f is not None]
-        if not pending:
-            callback()
-            return
-        asyncio.gather(*pending, return_exceptions=True).add_done_callback(lambda _: callback())
+    def release_each(self, admission: Admission, size: int) -> None:
+        """Gives each batch's share of the message's admission back once its outcome is known (read or not).
+
+        Batch by batch, not with the last one: a message that packs a
+        producer's whole window lets the next one in as its intervals commit.
+        """
+        n = max(len(self.futures), 1)
+        shares = [size // n + (1 if i < size % n else 0) for i in range(n)]
+        for fut, share in zip(self.futures or [None], shares, strict=True):
+            if fut is None:
+                admission.release(1, share)
+            else:
+                fut.add_done_callback(lambda _f, share=share: admission.release(1, share))
 
     async def runs(self) -> AsyncIterator[list[pb.PushAck]]:
         """The acks in send order: whenever the next batch finishes, it and every finished batch after it."""

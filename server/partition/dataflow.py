@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -71,6 +72,8 @@ class _Span:
     taken: list[Taken] = field(default_factory=list)
     keep: dict[str, list[int]] = field(default_factory=dict)
     rejected: int = 0
+    runs: list[_Run] = field(default_factory=list)  # the batches that committed, for the meter
+    aborted: list[str] = field(default_factory=list)  # procedures whose TE aborted (their batch rejected)
 
     @classmethod
     def from_wire(cls, c: pr.Span, tables: list[pa.Table]) -> _Span:
@@ -91,6 +94,7 @@ class Dataflow:
         self._open_windows: Any = None
         self._open_stored: set[str] = set()
         self._open_specs: list[tuple[TeSpec, pa.Table]] = []
+        self._open_timed: list[tuple[str, float]] = []  # the open transaction's TEs and their run times
         self._open_params: dict[str, Any] | None = None
         self._open_exchange: Exchange | None = None  # the open fragment's merged state rows, logged with it
         self._open_span: _Span | None = None  # the open span, if the open transaction is one
@@ -140,8 +144,10 @@ class Dataflow:
             results[i] = run.finish(keep)
             eng.counters["committed"] += 1
             eng.counters["rows"] += pushes[i].batch.num_rows
+            self._metered(run)
         if self.journal is not None and runs:
             self.journal.interval([(pushes[i], run) for i, run in runs])
+            eng.meter.interval_tes.observe(sum(len(run.timed) for _, run in runs))
         eng.marks.took(taken)
         self._keep(keep)
         return results  # type: ignore[return-value]
@@ -168,6 +174,7 @@ class Dataflow:
             run.start_call(procedure, params)
 
         run = self._execute(ts, start)
+        self._metered(run)
         if run.call_error is not None:
             eng.counters["calls_aborted"] += 1
             raise run.call_error
@@ -208,18 +215,23 @@ class Dataflow:
         eng.coordinated = True
         inputs, extra = tables[: len(c.tes)], tables[len(c.tes) :]
         exchange = Exchange.from_wire(c.exchange, extra)
+        run = _Run(self, c.ts)
         try:
-            emitted, stored, results, result_ids = self.run_specs(c.ts, c.tes, inputs, c.params, exchange)
+            emitted, stored, results, result_ids = self.run_specs(c.ts, c.tes, inputs, c.params, exchange, run)
         except StreamTxError as e:
             self._rollback(self._open_windows)
             self._open = False
             self._open_specs = []
+            self._open_timed = []
             self._open_exchange = None
+            run.timed = []  # undone
+            self._metered(run)  # counts the TE that aborted
             return pr.FragmentAborted(e.code.value[0], e.message), []
         finally:
             eng.coordinated = False
             eng.prepared.clear()
         self._open_specs += list(zip(c.tes, inputs, strict=True))
+        self._open_timed += run.timed
         self._open_params = c.params
         self._open_exchange = exchange or self._open_exchange
         self._open_stored |= stored
@@ -237,21 +249,22 @@ class Dataflow:
         tables: list[pa.Table],
         params: dict[str, Any] | None,
         exchange: Exchange | None = None,
+        run: _Run | None = None,
     ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
         """Runs TEs given one by one (a fragment, or replayed TEs): no PE trigger fires.
 
         With `exchange`, the fragment's state TE runs over the merged rows of a batch spanning partitions.
+        `run` (a fragment's) gets the TEs' run times, and the procedure whose TE aborted.
         """
         self.engine.exchange = exchange
         try:
-            return self._run_specs(ts, specs, tables, params)
+            return self._run_specs(ts, specs, tables, params, run or _Run(self, ts))
         finally:
             self.engine.exchange = None
 
     def _run_specs(
-        self, ts: int, specs: Sequence[TeSpec], tables: list[pa.Table], params: dict[str, Any] | None
+        self, ts: int, specs: Sequence[TeSpec], tables: list[pa.Table], params: dict[str, Any] | None, run: _Run
     ) -> tuple[dict[str, list[pa.Table]], set[str], list[pa.Table], list[int]]:
-        run = _Run(self, ts)
         run.call_params = params
         emitted: dict[str, list[pa.Table]] = {}
         results: list[pa.Table] = []
@@ -260,7 +273,15 @@ class Dataflow:
         for spec, table in zip(specs, tables, strict=True):
             batch = table if spec.stream is not None else None
             tx = run._transaction(spec, batch)
-            run._run_te(spec, tx, batch)
+            started = perf_counter()
+            try:
+                run._run_te(spec, tx, batch)
+            except StreamTxError:
+                if spec.procedure is not None:
+                    run.aborted.append(spec.procedure)
+                raise
+            if spec.procedure is not None:
+                run.timed.append((spec.procedure, perf_counter() - started))
             for s, parts in tx.emitted.items():
                 emitted.setdefault(s, []).extend(parts)
             stored |= tx.stored
@@ -316,11 +337,13 @@ class Dataflow:
             self._commit_with_mark(ts, c.mark, self._open_stored, hold_back)
             if self.journal is not None:
                 self.journal.fragments(ts, self._open_specs, self._open_params, c.mark, self._open_exchange)
+                eng.meter.committed(self._open_timed, ts, None if c.mark is None else tuple(c.mark))
         elif self._open:
             self._rollback(self._open_windows)
         self._open = False
         self._open_stored = set()
         self._open_specs = []
+        self._open_timed = []
         self._open_exchange = None
         if c.rejection is not None:
             producer, stream, batch_id, code, reason = c.rejection
@@ -397,8 +420,11 @@ class Dataflow:
                     eng.write_rejection(p.producer, p.stream, p.batch_id, p.ts, code, reason)
                     span.outcomes.append(Outcome("rejected", p.ts, code, reason))
                     span.rejected += 1
+                    if run.failure is not None and run.failure.procedure is not None:
+                        span.aborted.append(run.failure.procedure)
                 else:
                     span.outcomes.append(run.finish(span.keep))
+                    span.runs.append(run)
                 taken.append((p.producer, p.stream, p.batch_id, p.ts))
                 within[(p.producer, p.stream)] = p.batch_id
         finally:
@@ -418,6 +444,10 @@ class Dataflow:
         eng.counters["rows"] += sum(p.batch.num_rows for p in committed)
         eng.counters["rejected"] += span.rejected
         eng.counters["spans"] += 1
+        for run in span.runs:
+            self._metered(run)
+        if span.aborted and self.journal is not None:
+            eng.meter.aborted(span.aborted)
 
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
@@ -427,6 +457,7 @@ class Dataflow:
             run.start_push(p)
 
         run = self._execute(p.ts, start)
+        self._metered(run)
         keep: dict[str, list[int]] = {}
         out = run.finish(keep)
         self._keep(keep)
@@ -453,8 +484,10 @@ class Dataflow:
         """
         eng = self.engine
         skip: dict[Key, str | None] = {}
+        aborted: list[str] = []  # the procedures whose TE aborted, attempt after attempt
         while True:
             run = _Run(self, ts, skip=skip, isolated=True)
+            run.aborted = aborted
             start(run)
             saved = eng.windows.snapshot()
             eng.begin()
@@ -469,12 +502,25 @@ class Dataflow:
                 failure = run.failure
                 if failure is None:
                     raise
+                if failure.procedure is not None:
+                    aborted.append(failure.procedure)
                 if not run.undone(failure, e):
                     return run
                 skip = {**skip, **skips(failure.undone, f"{failure.procedure}: {failure.reason(e)}")}
             except BaseException:
                 self._rollback(saved)
                 raise
+
+    def _metered(self, run: _Run) -> None:
+        """A finished command's TEs into the partition's meter: live work only, not what recovery replays."""
+        if self.journal is None:
+            return
+        meter = self.engine.meter
+        if run.aborted:
+            meter.aborted(run.aborted)
+        if run.timed:
+            p = run.push
+            meter.committed(run.timed, run.ts, None if p is None else (p.producer, p.stream, p.batch_id))
 
     def _rollback(self, saved_windows: Any) -> None:
         eng = self.engine
@@ -606,6 +652,8 @@ class _Run:
         self.isolated = isolated
         self.failure: _Failure | None = None
         self.logged: list[tuple[TeSpec, pa.Table | None]] = []  # committed TEs, for strong logging
+        self.timed: list[tuple[str, float]] = []  # each procedure's TE and its run time, for the meter
+        self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
 
     def start_push(self, p: Push) -> None:
@@ -644,10 +692,12 @@ class _Run:
             self.out = Outcome("rejected", self.ts, code, reason)
             self.stored = set()
             self.logged = []
+            self.timed = []
             eng.record_rejection(self.push.producer, self.push.stream, self.push.batch_id, self.ts, code, reason)
             return False
         if self.call_params is not None and any(u.stream is None for u in undone):
             self.call_error = error
+            self.timed = []
             return False
         return True
 
@@ -658,6 +708,7 @@ class _Run:
         for i, procedure in enumerate(unit.procedures or (None,)):
             te = TeSpec(procedure, unit.stream, unit.border and i == 0, unit.entry)
             tx = self._transaction(te, batch)
+            started = perf_counter()
             try:
                 self._run_te(te, tx, batch)
                 if self.isolated:  # rows a constraint refuses abort this TE, not the command
@@ -665,6 +716,8 @@ class _Run:
             except StreamTxError:
                 self.failure = _Failure(procedure, list(self.schedule.instance), unit.group)
                 raise
+            if procedure is not None:
+                self.timed.append((procedure, perf_counter() - started))
             self.logged.append((te, batch))
             self._done(unit, tx)
 

@@ -37,6 +37,7 @@ from streamtx.server.config import ServerConfig
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
+from streamtx.server.partition.meter import Meter
 from streamtx.server.partition.relations import Relations
 from streamtx.server.partition.sqlplans import SqlPlans
 from streamtx.server.partition.state import StateStore
@@ -82,6 +83,7 @@ class Engine:
         self.retained: dict[str, collections.deque[int]] = {}
         self.trimmed_through: dict[str, int] = {}
         self.counters: collections.Counter[str] = collections.Counter()
+        self.meter = Meter(partition)  # per procedure, log, checkpoint measurements (partition/meter.py)
         self.windows = Windows(self)
         self.sql_plans.windows = self.windows.in_memory
         self.state = StateStore(self)
@@ -339,6 +341,13 @@ class Engine:
             return self.con.execute(sql, params).to_arrow_table()
         except duckdb.Error as e:
             raise InvalidArgument(f"query: {error_text(e)}") from None
+
+    def dedup_rows(self) -> dict[str, int]:
+        """Rows of the exactly-once tables: batch timestamps kept for re-sends' acks, rejections kept."""
+        taken, rejections = self.con.execute(
+            f"SELECT (SELECT count(*) FROM {SYSTEM_SCHEMA}.taken), (SELECT count(*) FROM {SYSTEM_SCHEMA}.rejections)"
+        ).fetchall()[0]
+        return {"taken": taken, "rejections": rejections}
 
     def status(self) -> dict[str, Any]:
         """Counters, and the rows each table holds here (how the keys spread over partitions)."""

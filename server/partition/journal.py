@@ -79,8 +79,17 @@ class Journal:
         self.sync = sync
 
     @classmethod
-    def open(cls, mode: str, directory: Path | None, wake: Callable[[int], None], group_ms: float) -> Journal:
+    def open(
+        cls,
+        mode: str,
+        directory: Path | None,
+        wake: Callable[[int], None],
+        group_ms: float,
+        on_synced: Callable[[float], None] | None = None,
+    ) -> Journal:
         """`group_ms` 0 turns group commit off: each record is fsynced alone before the partition goes on.
+
+        `on_synced` gets the seconds each group of records took to write and sync (the partition's meter).
 
         That is H-Store's command log without group commit, the setting of
         S-Store's logging experiment (§4.2.3); it costs an fsync per record.
@@ -94,6 +103,7 @@ class Journal:
             on_durable=wake,
             on_failure=lambda _error: wake(-1),  # a partition idle with acks waiting must see the failure too
             payload_format=COMMAND_FORMAT,
+            on_synced=on_synced,
         )
         return cls(mode, log, sync=group_ms <= 0)
 

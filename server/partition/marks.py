@@ -64,5 +64,9 @@ class Marks:
         """A checkpoint taken at `ts` was loaded: the clock is at least there."""
         self.last_ts = max(self.last_ts, ts)
 
+    def count(self) -> int:
+        """How many (producer, stream) marks this partition holds."""
+        return len(self._last)
+
     def as_dict(self) -> dict[Mark, int]:
         return dict(self._last)

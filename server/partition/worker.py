@@ -64,6 +64,7 @@ class _Written:
     ts: int
     path: str = ""
     error: str = ""
+    bytes: int = 0  # the checkpoint's files, in all
 
 
 WAKE: list[Frame] = [(_Wake(), [])]
@@ -96,13 +97,17 @@ class Worker:
             stream_retention=config.stream_retention,
             sql_compiler=config.sql_compiler == "on",
         )
+        self.engine.meter.slow_te_s = config.slow_te_ms / 1000
         self.dataflow = Dataflow(self.engine)
         self.inbox: queue.Queue[list[Frame] | None] = queue.Queue()  # frames as they came packed; None: the end
         self._backlog: collections.deque[Frame] = collections.deque()  # the rest of the inbox item taken last
         self.data_dir = config.partition_dir(partition)
-        self.journal = Journal.open(config.durability, self.data_dir, self._wake, config.group_commit_ms)
+        self.journal = Journal.open(
+            config.durability, self.data_dir, self._wake, config.group_commit_ms, self.engine.meter.log_sync.observe
+        )
         self.acks: collections.deque[tuple[int, pr.Response, list[pa.Table]]] = collections.deque()
         self.checkpointing = False
+        self.checkpoint_started = 0.0  # perf_counter at the cut of the checkpoint being written
         self.acks_sent = 0
         self.written: dict[int, int] = {}  # checkpoint ts -> its lsn, until every partition has written it
         self._current, self._again = 0, False  # the request being handled
@@ -126,7 +131,7 @@ class Worker:
             pr.ReadMarks: self._read_marks,
             pr.Echo: lambda c, t: (None, t),
             pr.Explain: self._explain,
-            pr.Status: lambda c, _: (self.engine.status(), []),
+            pr.Status: self._status,
         }
 
     def recover(self, checkpoint_ts: int | None, done: set[int]) -> pr.Recovered:
@@ -140,6 +145,7 @@ class Worker:
             log.event("recovery_failed", f"cannot recover: {e}", level="error", partition=self.engine.partition)
             os._exit(2)
         self.dataflow.journal = self.journal
+        self.engine.meter.recovery_seconds = info.seconds
         return info
 
     def _wake(self, _lsn: int) -> None:
@@ -313,6 +319,7 @@ class Worker:
     def _start_checkpoint(self, command: pr.Checkpoint, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
         if self.checkpointing:
             raise FailedPrecondition(f"checkpoint: partition {self.engine.partition} is still writing the last one")
+        self.checkpoint_started = time.perf_counter()
         snap, meta = checkpoints.begin(self.engine, self.journal.last_lsn, command.ts)
         self.checkpointing = True
         target = self.data_dir / "checkpoints"
@@ -322,7 +329,7 @@ class Worker:
             try:
                 # pruned at `release`, not here: the last checkpoint every partition wrote must stay
                 path = str(snap.write(target, meta=meta, keep=KEEP_UNRELEASED, log=self.journal.log))
-                done = _Written(rid, snap.lsn, snap.ts, path)
+                done = _Written(rid, snap.lsn, snap.ts, path, bytes=_tree_bytes(path))
             except Exception as e:  # reported to the caller; the previous checkpoint stays in use
                 done = _Written(rid, snap.lsn, snap.ts, error=f"{type(e).__name__}: {e}")
             self.inbox.put([(done, [])])
@@ -338,7 +345,10 @@ class Worker:
             return
         self.written[done.ts] = done.lsn
         self.engine.counters["checkpoints"] += 1
-        self._ok(request, pr.Checkpointed(done.path, done.lsn, done.ts), [])
+        meter = self.engine.meter
+        meter.checkpoint.observe(time.perf_counter() - self.checkpoint_started)
+        meter.checkpoint_bytes = done.bytes
+        self._ok(request, pr.Checkpointed(done.path, done.lsn, done.ts, done.bytes), [])
 
     def _ok(self, request: pr.Request, reply: Any, tables: list[pa.Table]) -> None:
         self.frames.write(pr.Response(request.id, reply), tables)
@@ -435,9 +445,31 @@ class Worker:
             out += self.engine.sql_plans.explain(unit, plan.statements)
         return pr.Explained(out), []
 
+    def _status(self, _: pr.Status, __: list[pa.Table]) -> tuple[dict[str, Any], list[pa.Table]]:
+        """Counters, table sizes, and what the meter measured (`metrics`: protobuf PartitionMetrics)."""
+        eng = self.engine
+        out = eng.status()
+        dedup = {"marks": eng.marks.count(), **eng.dedup_rows()}
+        out["metrics"] = eng.meter.snapshot(log_bytes=self.journal.log.size_bytes(), dedup=dedup)
+        return out, []
+
     def _read_marks(self, _: pr.ReadMarks, __: list[pa.Table]) -> tuple[pr.MarksRead, list[pa.Table]]:
         self.engine.load_marks()
         return pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts), []
+
+
+def _tree_bytes(path: str) -> int:
+    """Bytes of the files under `path` (a checkpoint directory, or one file)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path) if os.path.exists(path) else 0
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

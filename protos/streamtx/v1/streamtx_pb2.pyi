@@ -254,21 +254,90 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class PartitionStatus(_message.Message):
-    __slots__ = ("id", "pid", "alive", "queued", "error")
+    __slots__ = ("id", "pid", "alive", "queued", "error", "metrics")
     ID_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     ALIVE_FIELD_NUMBER: _ClassVar[int]
     QUEUED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
     id: int
     pid: int
     alive: bool
     queued: int
     error: str
-    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., alive: _Optional[bool] = ..., queued: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+    metrics: PartitionMetrics
+    def __init__(self, id: _Optional[int] = ..., pid: _Optional[int] = ..., alive: _Optional[bool] = ..., queued: _Optional[int] = ..., error: _Optional[str] = ..., metrics: _Optional[_Union[PartitionMetrics, _Mapping]] = ...) -> None: ...
+
+class Histogram(_message.Message):
+    __slots__ = ("bounds", "counts", "sum", "count")
+    BOUNDS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    SUM_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    bounds: _containers.RepeatedScalarFieldContainer[float]
+    counts: _containers.RepeatedScalarFieldContainer[int]
+    sum: float
+    count: int
+    def __init__(self, bounds: _Optional[_Iterable[float]] = ..., counts: _Optional[_Iterable[int]] = ..., sum: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+
+class ProcedureMetrics(_message.Message):
+    __slots__ = ("procedure", "tes_committed", "tes_aborted", "te_seconds")
+    PROCEDURE_FIELD_NUMBER: _ClassVar[int]
+    TES_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    TES_ABORTED_FIELD_NUMBER: _ClassVar[int]
+    TE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    procedure: str
+    tes_committed: int
+    tes_aborted: int
+    te_seconds: Histogram
+    def __init__(self, procedure: _Optional[str] = ..., tes_committed: _Optional[int] = ..., tes_aborted: _Optional[int] = ..., te_seconds: _Optional[_Union[Histogram, _Mapping]] = ...) -> None: ...
+
+class PartitionMetrics(_message.Message):
+    __slots__ = ("cpu_seconds", "procedures", "log_sync_seconds", "checkpoint_seconds", "interval_tes", "log_bytes", "checkpoint_bytes", "dedup", "recovery_seconds")
+    class DedupEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    CPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PROCEDURES_FIELD_NUMBER: _ClassVar[int]
+    LOG_SYNC_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_TES_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUP_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    cpu_seconds: float
+    procedures: _containers.RepeatedCompositeFieldContainer[ProcedureMetrics]
+    log_sync_seconds: Histogram
+    checkpoint_seconds: Histogram
+    interval_tes: Histogram
+    log_bytes: int
+    checkpoint_bytes: int
+    dedup: _containers.ScalarMap[str, int]
+    recovery_seconds: float
+    def __init__(self, cpu_seconds: _Optional[float] = ..., procedures: _Optional[_Iterable[_Union[ProcedureMetrics, _Mapping]]] = ..., log_sync_seconds: _Optional[_Union[Histogram, _Mapping]] = ..., checkpoint_seconds: _Optional[_Union[Histogram, _Mapping]] = ..., interval_tes: _Optional[_Union[Histogram, _Mapping]] = ..., log_bytes: _Optional[int] = ..., checkpoint_bytes: _Optional[int] = ..., dedup: _Optional[_Mapping[str, int]] = ..., recovery_seconds: _Optional[float] = ...) -> None: ...
+
+class StreamMetrics(_message.Message):
+    __slots__ = ("stream", "committed", "rejected", "duplicate", "rows")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    REJECTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    stream: str
+    committed: int
+    rejected: int
+    duplicate: int
+    rows: int
+    def __init__(self, stream: _Optional[str] = ..., committed: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +356,8 @@ class StatusResponse(_message.Message):
     COUNTERS_FIELD_NUMBER: _ClassVar[int]
     LAST_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     VIEWS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_METRICS_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -298,7 +369,9 @@ class StatusResponse(_message.Message):
     counters: _containers.ScalarMap[str, int]
     last_timestamp: int
     views: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ...) -> None: ...
+    stream_metrics: _containers.RepeatedCompositeFieldContainer[StreamMetrics]
+    recovery_seconds: float
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("stream", "with_complete_through")
