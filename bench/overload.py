@@ -30,12 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import latency_summary, note, ratio_line
+from .common import latency_summary, note, progress, ratio_line
 
 NAME = "overload"
 DEFAULT_ROUNDS = 1
 QUICK_ROUNDS = 1
-DEFAULT_LIMITS = (128, 1024)
+DEFAULT_LIMITS = (64, 128, 1024)
 SECONDS = 60.0
 QUICK_SECONDS = 10.0
 ROWS = 50  # rows per batch
@@ -131,11 +131,31 @@ def _rss(pids: list[int]) -> list[int | None]:
     return out
 
 
+def _sample(producers: list[Any], health: Any, c: Any, pids: list[int], start: float, shown: Any) -> list[dict]:
+    """Every SAMPLE_EVERY seconds while a producer runs: Health, a Query, Status and every process's RSS."""
+    from grpc_health.v1 import health_pb2
+
+    samples: list[dict[str, Any]] = []
+    while any(p.is_alive() for p in producers):
+        t0 = time.monotonic()
+        health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S)
+        t1 = time.monotonic()
+        c.query("SELECT count(*) FROM totals")
+        t2 = time.monotonic()
+        in_flight = c.status()["counters"].get("in_flight_batches", 0)
+        samples.append(
+            {"t": round(t0 - start, 2), "health_s": t1 - t0, "query_s": t2 - t1, "rss": _rss(pids), "in": in_flight}
+        )
+        shown(t0 - start)
+        time.sleep(max(0.0, SAMPLE_EVERY - (time.monotonic() - t0)))
+    return samples
+
+
 def run_limit(limit: int, seconds: float, partitions: int, quiet: bool = False) -> dict[str, Any]:
     """One configuration: the server at `limit`, the four producers, the samples; returns its line."""
     import grpc
     import psutil
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_health.v1 import health_pb2_grpc
 
     from streamtx.client import Client
     from streamtx.server.embedded import EmbeddedServer
@@ -151,22 +171,13 @@ def run_limit(limit: int, seconds: float, partitions: int, quiet: bool = False) 
         reports = ctx.Queue()
         producers = [ctx.Process(target=_produce, args=(srv.target, k, i, seconds, reports)) for k, i in PRODUCERS]
         health = health_pb2_grpc.HealthStub(grpc.insecure_channel(srv.target))
-        samples: list[dict[str, Any]] = []
         for p in producers:
             p.start()
         start = time.monotonic()
         note(f"overload: --max-in-flight {limit}, 4 producers for {seconds:g} s", quiet)
-        while any(p.is_alive() for p in producers):
-            t0 = time.monotonic()
-            health.Check(health_pb2.HealthCheckRequest(), timeout=DEADLINE_S)
-            t1 = time.monotonic()
-            c.query("SELECT count(*) FROM totals")
-            t2 = time.monotonic()
-            in_flight = c.status()["counters"].get("in_flight_batches", 0)
-            samples.append(
-                {"t": round(t0 - start, 2), "health_s": t1 - t0, "query_s": t2 - t1, "rss": _rss(pids), "in": in_flight}
-            )
-            time.sleep(max(0.0, SAMPLE_EVERY - (time.monotonic() - t0)))
+        with progress(quiet) as bar:
+            task = bar.add_task(f"limit {limit}: seconds pushed", total=round(seconds))
+            samples = _sample(producers, health, c, pids, start, lambda t: bar.update(task, completed=min(t, seconds)))
         elapsed = time.monotonic() - start
         sent = sorted((reports.get(timeout=60) for _ in producers), key=lambda r: r["index"])
         for p in producers:

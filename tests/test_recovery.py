@@ -33,7 +33,7 @@ from streamtx.server.embedded import EmbeddedServer
 pytestmark = pytest.mark.timeout(900)
 
 CONFIGS = [("strong", 1), ("weak", 1), ("strong", 2), ("weak", 2)]
-CRASHES = 12  # per test (8 tests); where each kill lands depends on timing, so every run meets new crash points
+CRASHES = 10  # per test (8 tests); where each kill lands depends on timing, so every run meets new crash points
 BATCH = 4
 
 

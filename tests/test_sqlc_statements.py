@@ -22,7 +22,7 @@ from streamtx.server.sqlc.errors import Unsupported
 from streamtx.server.sqlc.statement import compile_statement
 from streamtx.testing import Harness, run
 
-EXAMPLES = int(os.environ.get("SQLC_EXAMPLES", "60"))  # more: a longer hunt
+EXAMPLES = int(os.environ.get("SQLC_EXAMPLES", "40"))  # more: a longer hunt
 
 SCHEMA = """
 CREATE TABLE kv (k INTEGER PRIMARY KEY, v BIGINT NOT NULL, s VARCHAR);

@@ -11,6 +11,7 @@ puts on a lone partitioned table are pushed down to the partitions.
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -40,15 +41,20 @@ async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
         qualified = f"{quote(schema)}.{quote(name)}" if schema else quote(name)
         reads[(schema, name)] = f"SELECT * FROM {qualified}"
     spread_set = set(spread)
-    every = await front.ask_all(pr.Gather([[list(k), v] for k, v in reads.items() if k in spread_set]))
-    home_reads = [[list(k), v] for k, v in reads.items() if k not in spread_set]
-    home = await front.ask(HOME, pr.Gather(home_reads)) if home_reads else (pr.Gathered([]), [])
+    # one cut: every partition reads at the same place of its queue; single tables count at home only
+    replies = await front.ask_all(pr.Gather([[list(k), v] for k, v in reads.items()]))
+    gathered: dict[tuple[str, str], list[pa.Table]] = {}
+    for index, (reply, tables) in enumerate(replies):
+        for key, table in zip(reply.keys, tables, strict=True):
+            if tuple(key) in spread_set or index == HOME:
+                gathered.setdefault(tuple(key), []).append(table)
+    return await asyncio.to_thread(_run_over, sql, params, gathered)
+
+
+def _run_over(sql: str, params: dict[str, Any], gathered: dict[tuple[str, str], list[pa.Table]]) -> pa.Table:
+    """The query over the gathered tables, in a DuckDB of its own; off the event loop, which keeps serving."""
     con = duckdb.connect(config={"enable_external_access": False})
     try:
-        gathered: dict[tuple[str, str], list[pa.Table]] = {}
-        for reply, tables in [*every, home]:
-            for key, table in zip(reply.keys, tables, strict=True):
-                gathered.setdefault(tuple(key), []).append(table)
         for (schema, name), parts in gathered.items():
             table = pa.concat_tables(parts)
             handle = f"__gathered_{schema}_{name}"
