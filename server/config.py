@@ -203,6 +203,13 @@ class ServerConfig:
         help="seconds a batch waits for a missing earlier batch id",
         bound=NOT_NEGATIVE,
     )
+    query_timeout: float = setting(
+        30.0,
+        flag="--query-timeout",
+        help="seconds a Query may run (on a partition, which it holds meanwhile, and on the front over "
+        "gathered tables) before it is stopped with DEADLINE_EXCEEDED; 0: no limit",
+        bound=NOT_NEGATIVE,
+    )
     bins: int = setting(
         1024,
         flag="--bins",

@@ -18,7 +18,7 @@ import pytest
 
 from streamtx.bench import overload
 from streamtx.client import Client
-from streamtx.errors import RETRY_AFTER_KEY, OutOfRange, ResourceExhausted
+from streamtx.errors import RETRY_AFTER_KEY, DeadlineExceeded, OutOfRange, ResourceExhausted
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
@@ -159,3 +159,19 @@ def test_a_query_result_past_the_message_limit_is_refused_by_name(tmp_path) -> N
             c.query("SELECT i, repeat('x', 100) AS p FROM range(10000) t(i)")
         assert "10000 rows" in big.value.message and "--max-message-bytes (100000)" in big.value.message
         assert c.query("SELECT count(*) FROM range(10000)").fetchall() == [(10000,)]
+
+
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_query_past_the_timeout_is_stopped_by_name_and_the_server_goes_on(tmp_path, partitions) -> None:
+    """At P = 1 the partition runs it; at P = 2 the front runs it over the gathered tables."""
+    extra = ["--query-timeout", "0.5"]
+    with EmbeddedServer(tmp_path / "d", partitions=partitions, extra_args=extra) as srv, Client(srv.target) as c:
+        c.deploy(EVENTS)
+        assert c.push_one("events", [{"k": 1, "v": 2}, {"k": 2, "v": 3}]).outcome == "committed"
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded) as slow:
+            c.query("SELECT count(*) FROM totals a, totals b, range(100000000000) r WHERE r.range % 7 = a.k")
+        assert time.monotonic() - started < 20
+        assert "--query-timeout (0.5 s)" in slow.value.message and "nothing changed" in slow.value.message
+        assert c.push_one("events", [{"k": 1, "v": 5}]).outcome == "committed"
+        assert _totals(c) == [(1, 2, 7), (2, 1, 3)]

@@ -24,6 +24,7 @@ from streamtx.server import protocol as pr
 from streamtx.server import sqltree
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED
+from streamtx.server.deadline import query_deadline
 from streamtx.server.front.partitions import HOME, Reply
 
 if TYPE_CHECKING:
@@ -48,10 +49,12 @@ async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
         for key, table in zip(reply.keys, tables, strict=True):
             if tuple(key) in spread_set or index == HOME:
                 gathered.setdefault(tuple(key), []).append(table)
-    return await asyncio.to_thread(_run_over, sql, params, gathered)
+    return await asyncio.to_thread(_run_over, sql, params, gathered, front.config.query_timeout)
 
 
-def _run_over(sql: str, params: dict[str, Any], gathered: dict[tuple[str, str], list[pa.Table]]) -> pa.Table:
+def _run_over(
+    sql: str, params: dict[str, Any], gathered: dict[tuple[str, str], list[pa.Table]], timeout: float
+) -> pa.Table:
     """The query over the gathered tables, in a DuckDB of its own; off the event loop, which keeps serving."""
     con = duckdb.connect(config={"enable_external_access": False})
     try:
@@ -65,7 +68,8 @@ def _run_over(sql: str, params: dict[str, Any], gathered: dict[tuple[str, str], 
             else:
                 con.execute(f"CREATE VIEW {quote(name)} AS SELECT * FROM {quote(handle)}")
         try:
-            return con.sql(sql, params=params).to_arrow_table()
+            with query_deadline(con, timeout, lambda: "query over the gathered partitions"):
+                return con.sql(sql, params=params).to_arrow_table()
         except duckdb.Error as e:
             raise InvalidArgument(f"query: {e}") from None
     finally:
@@ -81,7 +85,7 @@ def _relations(sql: str) -> list[tuple[str, str]]:
     out = []
     for t in tree.find_all(exp.Table):
         key = (t.db or "", t.name)
-        if not t.db and t.name in ctes:
+        if not t.name or (not t.db and t.name in ctes):  # no name: a table function (range(n), read_csv)
             continue
         if key not in out:
             out.append(key)

@@ -34,6 +34,7 @@ from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import REPLICATED, owner_filter
 from streamtx.server.config import ServerConfig
+from streamtx.server.deadline import query_deadline
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
@@ -68,11 +69,13 @@ class Engine:
         executor: str = ServerConfig.executor,
         stream_retention: int = ServerConfig.stream_retention,
         sql_compiler: bool = ServerConfig.sql_compiler == "on",
+        query_timeout: float = ServerConfig.query_timeout,
     ) -> None:
         self.partition = partition
         self.executor = executor
         self.loader = loader
         self.stream_retention = stream_retention
+        self.query_timeout = query_timeout
         self.con = duckdb.connect(config={"enable_external_access": False, "threads": 1})  # one core per partition
         for sql in SYSTEM_DDL:
             self.con.execute(sql)
@@ -337,8 +340,10 @@ class Engine:
 
     # ----------------------------------------------------------------- queries
     def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
+        """A read between commands (no transaction is open then), stopped after `query_timeout` seconds."""
         try:
-            return self.con.execute(sql, params).to_arrow_table()
+            with query_deadline(self.con, self.query_timeout, lambda: f"query on partition {self.partition}"):
+                return self.con.execute(sql, params).to_arrow_table()
         except duckdb.Error as e:
             raise InvalidArgument(f"query: {error_text(e)}") from None
 

@@ -96,6 +96,7 @@ class Worker:
             executor=config.executor,
             stream_retention=config.stream_retention,
             sql_compiler=config.sql_compiler == "on",
+            query_timeout=config.query_timeout,
         )
         self.engine.meter.slow_te_s = config.slow_te_ms / 1000
         self.dataflow = Dataflow(self.engine)
