@@ -175,3 +175,22 @@ def test_a_query_past_the_timeout_is_stopped_by_name_and_the_server_goes_on(tmp_
         assert "--query-timeout (0.5 s)" in slow.value.message and "nothing changed" in slow.value.message
         assert c.push_one("events", [{"k": 1, "v": 5}]).outcome == "committed"
         assert _totals(c) == [(1, 2, 7), (2, 1, 3)]
+
+
+def test_a_push_whose_caller_gave_up_holds_its_room_until_it_has_its_outcome(tmp_path) -> None:
+    extra = ["--max-in-flight", "1", "--push-wait", "0"]
+    with EmbeddedServer(tmp_path / "d", extra_args=extra) as srv, Client(srv.target) as c:
+        c.deploy(EVENTS)
+        with grpc.insecure_channel(srv.target) as channel:
+            stub = pb_grpc.StreamTxStub(channel)
+            with pytest.raises(grpc.RpcError) as gave_up:
+                stub.Push(_request("a", 2, k=1, v=20), timeout=0.5)  # parked for batch 1, the caller leaves
+            assert gave_up.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            with pytest.raises(grpc.RpcError) as refused:  # batch 2 of "a" still holds the one slot
+                stub.Push(_request("b", 1, k=2, v=5))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert stub.Push(_request("a", 1, k=1, v=10)).outcome == pb.COMMITTED
+            again = stub.Push(_request("a", 2, k=1, v=20))  # it ran, once
+            assert (again.outcome, again.original) == (pb.DUPLICATE, pb.COMMITTED)
+            assert stub.Push(_request("b", 1, k=2, v=5)).outcome == pb.COMMITTED
+        assert _totals(c) == [(1, 2, 30), (2, 1, 5)]

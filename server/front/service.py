@@ -119,11 +119,24 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 "a unary Push carries one batch"
             )
         size = request.ByteSize()
+        admission = self.front.admission
         await self._admit_one(request.stream, request.producer_id, request.batch_id, size, self.front.config.push_wait)
+        ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
-            return await self._push(request)
-        finally:
-            self.front.admission.release(1, size)
+            fut = self._start_push(request, ack)
+        except BaseException as e:
+            admission.release(1, size)
+            if isinstance(e, StreamTxError) and not isinstance(e, FAULTS):
+                return self._rejected(ack, e)
+            raise
+        release_at_outcome(fut, admission, size)
+        try:
+            outcome = await asyncio.shield(fut)
+        except FAULTS:
+            raise  # the server's failure, not the batch's: the call's status
+        except StreamTxError as e:
+            return self._rejected(ack, e)
+        return fill_ack(ack, outcome)
 
     async def _admit_one(self, stream: str, producer: str, batch_id: int, size: int, wait: float | None) -> None:
         """Waits up to `wait` seconds (None: as long as it takes) for room; else Overloaded.
@@ -215,16 +228,6 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         except StreamTxError as e:  # a well-addressed batch with bad rows: its id is used up, rejected
             return front.reject(request.stream, request.producer_id, request.batch_id, e)
         return front.push(request.stream, request.producer_id, request.batch_id, table)
-
-    async def _push(self, request: pb.PushRequest) -> pb.PushAck:
-        ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
-        try:
-            outcome = await self._start_push(request, ack)
-        except FAULTS:
-            raise  # the server's failure, not the batch's: the call's status
-        except StreamTxError as e:
-            return self._rejected(ack, e)
-        return fill_ack(ack, outcome)
 
     def _rejected(self, ack: pb.PushAck, e: StreamTxError) -> pb.PushAck:
         self.front.counters["rejected"] += 1
@@ -430,14 +433,18 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         ack = pb.PushAck(stream=stream, producer_id=producer, batch_id=batch_id, rows=table.num_rows)
         await self._admit_one(stream, producer, batch_id, 0, None)  # its rows count in --staging-max-bytes
         try:
-            outcome = await front.push(stream, producer, batch_id, table)
+            fut = front.push(stream, producer, batch_id, table)
+        except BaseException:
+            front.admission.release(1, 0)
+            raise
+        release_at_outcome(fut, front.admission, 0)
+        try:
+            outcome = await asyncio.shield(fut)
         except StreamTxError:
             # not taken (e.g. an earlier batch id never came): a re-sent commit must not pass
             # for a duplicate; the writer stages the rows again
             self._taken.pop(key, None)
             raise
-        finally:
-            front.admission.release(1, 0)
         front.counters["staged_commits"] += 1
         front.counters["staged_parts_discarded"] = self.staging.discarded
         front.counters["staging_expired"] = self.staging.expired
@@ -481,7 +488,7 @@ class _Message:
             if fut is None:
                 admission.release(1, share)
             else:
-                fut.add_done_callback(lambda _f, share=share: admission.release(1, share))
+                release_at_outcome(fut, admission, share)
 
     async def runs(self) -> AsyncIterator[list[pb.PushAck]]:
         """The acks in send order: whenever the next batch finishes, it and every finished batch after it."""
@@ -507,6 +514,22 @@ class _Message:
                 end += 1
             yield _runs(acks[at:end])
             at = end
+
+
+def release_at_outcome(fut: asyncio.Future, admission: Admission, size: int) -> None:
+    """Gives a batch's room back when it has its outcome, not when its call ends.
+
+    A caller that gives up (deadline, disconnect) leaves the batch running:
+    it holds its room until it is done, and its outcome is retrieved here so
+    that nobody is told it was never read.
+    """
+
+    def done(f: asyncio.Future) -> None:
+        admission.release(1, size)
+        if not f.cancelled():
+            f.exception()
+
+    fut.add_done_callback(done)
 
 
 def _runs(acks: list[pb.PushAck]) -> list[pb.PushAck]:
