@@ -14,16 +14,20 @@ for several rounds; each configuration reports its median round:
 - **multi-partition cost**: at P = 2, a share of the batches (0 %, 10 %, 25 %,
   50 %) takes half its rows from each partition; the front coordinates those
   TE by TE with two-phase commit, holding every partition meanwhile.
-- **voter** (procedures/voter, WORKLOADS.md section 1) at P = 1 and P = 2. Its
-  leaderboard procedure reads and writes single (home-partition) tables, so at
-  P = 2 every batch is coordinated: partitioning makes it slower, and the line
-  says so.
-- **voter-state**: the voter as state procedures (procedures/voter/state.sql,
-  the `opchain` executor's workload) with one vote per batch, as a user who
-  starts the server with its default of one partition per core pushes it; the
-  same votes at P = 1 and P = 2 after untimed warm-up votes. Its second ratio
-  line holds P = 2 against P = 1 with a target of 1: a second partition must
-  not make it slower.
+- **voter** (procedures/voter, WORKLOADS.md section 1) at P = 1 and P = 2, the
+  SQL dataflow in 100-vote batches. Its vote procedure runs on the partition of
+  each phone and its leaderboard on the home partition, and a 100-vote batch
+  holds phones of both partitions, so at P = 2 every batch is coordinated.
+- **voter-1**: the same SQL dataflow in 1-vote batches, and **voter-state**:
+  the voter as state procedures (procedures/voter/state.sql, the `opchain`
+  executor's workload) in 1-vote batches, as a user who starts the server with
+  its default of one partition per core pushes them; the same votes at P = 1
+  and P = 2 after untimed warm-up votes, 1,024 in flight. At P = 2 their
+  batches run as flows (front/flows.py: vote where the phone lives, then
+  leaderboard at home, queued batches together), cut at each deletion.
+
+Each voter pair has a ratio line holding P = 2 against P = 1 with a target of
+1: a second partition must not make the voter slower.
 
 Every run is checked before its line is printed, or the verb fails: sensors
 runs against the expected row counts, sums and per-partition placement (and
@@ -77,10 +81,15 @@ BATCH_ROWS = 4_000
 FULL_BATCHES, QUICK_BATCHES = 240, 40
 VOTER_BATCH = 100
 FULL_VOTER_BATCHES, QUICK_VOTER_BATCHES = 40, 10
-FULL_STATE_VOTES, QUICK_STATE_VOTES = 2_000, 300  # 1-vote batches
-STATE_WARMUP, QUICK_STATE_WARMUP = 300, 100
+FULL_STATE_VOTES, QUICK_STATE_VOTES = 10_000, 1_000  # 1-vote batches
+STATE_WARMUP, QUICK_STATE_WARMUP = 500, 200
 STATE_MAX_IN_FLIGHT = 1_024
-STATE_P2_OVER_P1_TARGET = 1.0
+VOTER_P2_OVER_P1_TARGET = 1.0
+VOTERS = {  # workload: (deploy mode, votes per batch, what the plot calls it)
+    "voter": ("dataflow", VOTER_BATCH, "voter, SQL\n100 votes per batch"),
+    "voter-1": ("dataflow", 1, "voter, SQL\n1 vote per batch"),
+    "voter-state": ("state", 1, "voter, state procedures\n1 vote per batch"),
+}
 WARMUP_BATCHES = 4
 
 
@@ -88,7 +97,7 @@ WARMUP_BATCHES = 4
 class Config:
     """One measured setting: a workload on a fresh server with `partitions` partitions."""
 
-    workload: str  # sensors | voter | voter-state
+    workload: str  # sensors, or one of VOTERS
     partitions: int
     spanning_share: float = 0.0  # sensors: share of batches whose keys span both partitions
 
@@ -129,6 +138,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {FULL_STATE_VOTES}, {QUICK_STATE_VOTES} with --quick; 0 skips it)",
     )
     parser.add_argument(
+        "--sql-votes",
+        type=int,
+        default=None,
+        help=f"1-vote batches of the SQL voter per configuration and round "
+        f"(default {FULL_STATE_VOTES}, {QUICK_STATE_VOTES} with --quick; 0 skips it)",
+    )
+    parser.add_argument(
         "--max-in-flight",
         type=int,
         default=128,
@@ -146,16 +162,17 @@ def _shares(text: str) -> tuple[float, ...]:
     return tuple(sorted(shares | {0.0}))
 
 
-def configurations(shares: tuple[float, ...], voter: bool, state_voter: bool = False) -> list[Config]:
+def configurations(
+    shares: tuple[float, ...], voter: bool, state_voter: bool = False, sql_voter: bool = False
+) -> list[Config]:
     """Sensors at P = 1 and P = 2 (0 % spanning), the rest of the sweep, then the voter pairs.
 
     The first two are the pair of the ratio line; `run` relies on that order.
     """
     configs = [Config("sensors", 1), *(Config("sensors", 2, s) for s in shares)]
-    if voter:
-        configs += [Config("voter", 1), Config("voter", 2)]
-    if state_voter:
-        configs += [Config("voter-state", 1), Config("voter-state", 2)]
+    for workload, wanted in (("voter", voter), ("voter-1", sql_voter), ("voter-state", state_voter)):
+        if wanted:
+            configs += [Config(workload, 1), Config(workload, 2)]
     return configs
 
 
@@ -355,7 +372,7 @@ def check_voter(target: str, cfg: Config, batches: list[pa.Table]) -> None:
     for b in batches:
         ref.process_batch(list(zip(*(b.column(c).to_pylist() for c in b.column_names), strict=True)))
     expected = ref.tables()
-    queries = STATE_QUERIES if cfg.workload == "voter-state" else SERVER_QUERIES
+    queries = STATE_QUERIES if VOTERS[cfg.workload][0] == "state" else SERVER_QUERIES
     with Client(target) as c:
         for name, sql in queries.items():
             got = c.query(sql).fetchall()
@@ -373,7 +390,7 @@ def measure_voter(srv: EmbeddedServer, cfg: Config, data: VoterInput, max_in_fli
         asyncio.run(push_batches(srv.target, "votes_in", f"{tag}-warmup", data.warmup, max_in_flight=max_in_flight))
     with Client(srv.target) as c:
         status = c.status()
-    before = status["counters"].get("coordinated", 0)
+    before = status["counters"]
     meter = CpuMeter(srv.proc.pid if srv.proc else 0, [p["pid"] for p in status["partitions"]])
     m = asyncio.run(
         push_batches(
@@ -383,7 +400,9 @@ def measure_voter(srv: EmbeddedServer, cfg: Config, data: VoterInput, max_in_fli
     m.extra["cpu_ms_per_batch"] = cpu = meter.per_batch_ms(len(data.batches))
     m.extra["other_cores"] = cpu.pop("other_cores")
     with Client(srv.target) as c:
-        m.extra["coordinated"] = c.status()["counters"].get("coordinated", 0) - before
+        after = c.status()["counters"]
+    for key, counter in (("coordinated", "coordinated"), ("flow_batches", "flow_batches"), ("flows", "flows")):
+        m.extra[key] = after.get(counter, 0) - before.get(counter, 0)
     check_voter(srv.target, cfg, data.warmup + data.batches)
     return m
 
@@ -407,7 +426,7 @@ def _start_servers(configs: list[Config], sensors: int) -> list[EmbeddedServer]:
         if cfg.workload == "sensors":
             prepare_sensors(srv.target, sensors)
         else:
-            prepare_voter(srv.target, "state" if cfg.workload == "voter-state" else "dataflow")
+            prepare_voter(srv.target, VOTERS[cfg.workload][0])
 
     try:
         with ThreadPoolExecutor(max_workers=len(servers)) as pool:
@@ -433,8 +452,11 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     state_votes = (
         args.state_votes if args.state_votes is not None else (QUICK_STATE_VOTES if args.quick else FULL_STATE_VOTES)
     )
+    sql_votes = (
+        args.sql_votes if args.sql_votes is not None else (QUICK_STATE_VOTES if args.quick else FULL_STATE_VOTES)
+    )
     state_warmup = QUICK_STATE_WARMUP if args.quick else STATE_WARMUP
-    configs = configurations(args.shares, voter_count > 0, state_votes > 0)
+    configs = configurations(args.shares, voter_count > 0, state_votes > 0, sql_votes > 0)
     run_id = uuid.uuid4().hex[:8]
     results: list[list[Measurement]] = [[] for _ in configs]
     with progress(args.quiet) as bar:
@@ -451,7 +473,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 elif cfg.workload == "voter":
                     inputs.append(voter_input(voter_count, seed=11 + r))
                 else:
-                    inputs.append(voter_input(state_votes, seed=31 + r, size=1, warmup=state_warmup))
+                    count = state_votes if cfg.workload == "voter-state" else sql_votes
+                    inputs.append(voter_input(count, seed=31 + r, size=1, warmup=state_warmup))
             bar.update(task, description=f"{NAME} round {r + 1}/{args.rounds}: starting {len(configs)} servers")
             servers = _start_servers(configs, args.sensors)
             try:
@@ -461,14 +484,13 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     if cfg.workload == "sensors":
                         m = measure_sensors(servers[i], cfg, inputs[i], args.max_in_flight, tag)
                     else:
-                        window = STATE_MAX_IN_FLIGHT if cfg.workload == "voter-state" else args.max_in_flight
-                        m = measure_voter(servers[i], cfg, inputs[i], window, tag)
+                        m = measure_voter(servers[i], cfg, inputs[i], _window(cfg, args), tag)
                     results[i].append(m)
                     bar.advance(task)
                     bar.print(f"{cfg.label} round {r + 1}: {m.per_s:,.1f} batches/s")
             finally:
                 _stop_servers(servers)
-    counts = {"sensors": sensor_count, "voter": voter_count, "voter-state": state_votes}
+    counts = {"sensors": sensor_count, "voter": voter_count, "voter-1": sql_votes, "voter-state": state_votes}
     lines = [_line(cfg, rounds, args, counts[cfg.workload]) for cfg, rounds in zip(configs, results, strict=True)]
     _relative(lines)
     p1 = find_line(lines, workload="sensors", partitions=1)
@@ -487,20 +509,27 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             ],
         )
     )
-    state = [i for i, cfg in enumerate(configs) if cfg.workload == "voter-state"]
-    if state:
-        lines.append(
-            _pair_line(
-                "voter-state",
-                (results[state[0]], lines[state[0]]),
-                (results[state[1]], lines[state[1]]),
-                STATE_P2_OVER_P1_TARGET,
-                "1-vote batches/s of the state-procedure voter at P = 2",
-                "1-vote batches/s of the same votes at P = 1 in the same round (median over rounds of the ratio)",
-                args.quiet,
+    for workload, (_, size, _) in VOTERS.items():
+        pair = [i for i, cfg in enumerate(configs) if cfg.workload == workload]
+        if pair:
+            what = f"{size}-vote batches/s of the {'state-procedure' if workload == 'voter-state' else 'SQL'} voter"
+            lines.append(
+                _pair_line(
+                    workload,
+                    (results[pair[0]], lines[pair[0]]),
+                    (results[pair[1]], lines[pair[1]]),
+                    VOTER_P2_OVER_P1_TARGET,
+                    f"{what} at P = 2",
+                    f"{what} at P = 1 on the same votes in the same round (median over rounds of the ratio)",
+                    args.quiet,
+                )
             )
-        )
     return lines
+
+
+def _window(cfg: Config, args: argparse.Namespace) -> int:
+    """Batches in flight: 1,024 for 1-vote batches (one pipelined producer, as `bench voter`)."""
+    return STATE_MAX_IN_FLIGHT if cfg.workload in VOTERS and VOTERS[cfg.workload][1] == 1 else args.max_in_flight
 
 
 def _pair_line(
@@ -538,7 +567,7 @@ def _pair_line(
 
 def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, batches: int) -> dict[str, Any]:
     m = median_round(rounds, key=lambda x: x.per_s)
-    rows = {"sensors": args.batch_rows, "voter": VOTER_BATCH, "voter-state": 1}[cfg.workload]
+    rows = args.batch_rows if cfg.workload == "sensors" else VOTERS[cfg.workload][1]
     line: dict[str, Any] = {
         "benchmark": NAME,
         "workload": cfg.workload,
@@ -556,10 +585,12 @@ def _line(cfg: Config, rounds: list[Measurement], args: argparse.Namespace, batc
             "rounds": len(rounds),
             "batches_per_s_rounds": [round_sig(x.per_s) for x in rounds],
             "coordinated_batches": m.extra["coordinated"],
+            "flow_batches": m.extra.get("flow_batches", 0),  # batches that ran in flows (front/flows.py)
+            "flows": m.extra.get("flows", 0),
             "cpu_ms_per_batch": m.extra["cpu_ms_per_batch"],
             "other_cores": m.extra["other_cores"],  # CPU the rest of the shared machine used meanwhile
             "checked": True,  # every round passed its check (a failed check stops the verb)
-            "max_in_flight": STATE_MAX_IN_FLIGHT if cfg.workload == "voter-state" else args.max_in_flight,
+            "max_in_flight": _window(cfg, args),
             "load_1m": m.extra.get("load_1m"),
         }
     )
@@ -572,7 +603,7 @@ def _relative(lines: list[dict[str, Any]]) -> None:
     for line in lines:
         if line["workload"] == "sensors" and line["partitions"] == 2:
             line["vs_all_local"] = round(line["batches_per_s"] / local, 3)
-    for workload in ("sensors", "voter", "voter-state"):
+    for workload in ("sensors", *VOTERS):
         try:
             one = find_line(lines, workload=workload, partitions=1)["batches_per_s"]
             two = find_line(
@@ -591,7 +622,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
     path = Path(path)
     lines = [r for r in records if "workload" in r and "batches_per_s" in r]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
-    groups = [w for w in ("sensors", "voter", "voter-state") if any(r["workload"] == w for r in lines)]
+    groups = [w for w in ("sensors", *VOTERS) if any(r["workload"] == w for r in lines)]
     x = np.arange(len(groups))
     for i, p in enumerate((1, 2)):
         ys = []
@@ -602,11 +633,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         labels = ["" if np.isnan(y) else f"{y:,.0f}" if y >= 100 else f"{y:.3g}" for y in ys]
         left.bar_label(bars, labels=labels, fontsize=8, padding=1)
     ratio = next((r for r in records if "ratio" in r and r.get("workload") == "sensors"), None)
-    names = {
-        "sensors": "sensors\n(partition-friendly)",
-        "voter": "voter, SQL\n100 votes per batch",
-        "voter-state": "voter, state procedures\n1 vote per batch",
-    }
+    names = {"sensors": "sensors\n(partition-friendly)", **{w: v[2] for w, v in VOTERS.items()}}
     left.set_xticks(x, [names[w] for w in groups])
     left.set_yscale("log")  # 100-vote and 4,000-reading batches next to 1-vote ones
     left.set_ylabel("input batches/s (median round, log scale)")

@@ -76,6 +76,7 @@ class RecordKind(enum.IntEnum):
     INTERVAL = 9  # the TEs of the batches one interval committed, in order (strong)
     PUSHES = 10  # the batches one interval committed, in order (weak)
     UNDONE = 11  # the coordinated command's earlier records at this timestamp were rolled back
+    FLOW = 12  # one stage of a flow's batches committed here (front/flows.py)
 
 
 @dataclass(frozen=True, slots=True)

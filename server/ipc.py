@@ -116,6 +116,26 @@ def join_runs(tables: list[pa.Table]) -> tuple[list[list[int]], list[pa.Table]]:
     return runs, joined
 
 
+def join_grouped(tables: list[pa.Table], keys: list[str]) -> tuple[list[int], list[list[int]], list[pa.Table]]:
+    """`join_runs` after putting tables of equal `keys` (e.g. their stream) together: relations of
+    interleaved streams still travel as one Arrow stream per stream. `split_grouped` undoes it."""
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    order = [i for group in groups.values() for i in group]
+    runs, joined = join_runs([tables[i] for i in order])
+    return order, runs, joined
+
+
+def split_grouped(order: list[int], runs: list[list[int]], tables: list[pa.Table]) -> list[pa.Table]:
+    """The tables `join_grouped` joined, in their first order."""
+    ordered, _ = split_runs(runs, tables)
+    out: list[pa.Table] = [pa.table({})] * len(ordered)
+    for i, t in zip(order, ordered, strict=True):
+        out[i] = t
+    return out
+
+
 def split_runs(runs: list[list[int]], tables: list[pa.Table]) -> tuple[list[pa.Table], list[pa.Table]]:
     """The tables `join_runs` joined (from the first `len(runs)` tables), and the tables after them."""
     out: list[pa.Table] = []

@@ -179,6 +179,38 @@ class Span(Command):
 
 
 @dataclass(frozen=True)
+class Flow(Command):
+    """One stage of a flow (front/flows.py): batches whose dataflow runs in two stages, left open for `Decide`.
+
+    `stage` "entry": this partition owns each batch's keys and runs only its
+    entry TEs, returning what they emitted. `stage` "rest" (home partition):
+    every batch in timestamp order, whole if it owns it, else from what its
+    entry emitted. A flow sends its batches in steps, each a stage message;
+    a partition runs all of a flow's steps in one transaction, and answers a
+    step that comes after it cut the flow with `cut` 0, running nothing.
+    `items`: [stream, producer, batch id, ts, streams] per batch,
+    `streams` None for a batch taken whole (relation: its rows), else the
+    streams its entry emitted (relations: their tuples, in that order); the
+    relations travel grouped (`ipc.join_grouped`: `order`, `runs`). Replies `FlowRan`.
+    """
+
+    name = "flow"
+    stage: str
+    items: list[list[Any]]
+    order: list[int]
+    runs: list[list[int]]
+    epoch: int = 0  # the flow's first timestamp: its stages on one partition share one transaction
+    first: bool = True  # this partition's first stage of the flow: it begins the transaction
+
+    def to_log(self) -> dict[str, Any]:
+        return {"stage": self.stage, "items": self.items, "order": self.order, "runs": self.runs}
+
+    @classmethod
+    def from_log(cls, d: dict[str, Any]) -> Flow:
+        return cls(d["stage"], d["items"], d["order"], d["runs"])
+
+
+@dataclass(frozen=True)
 class Query(Command):
     """A read-only statement over this partition's tables. Replies None; relation: the result."""
 
@@ -353,6 +385,19 @@ class SpanRan:
 
 
 @dataclass(frozen=True)
+class FlowRan:
+    """Each batch's outcome so far and the streams its entry emitted (stage "entry"; relations: their
+    tuples, grouped by `order`/`runs`); or `cut`: the batch at that index must not run in this flow (a
+    TE aborted, or its dataflow reaches another partition), and the partition rolled the flow back."""
+
+    outcomes: list[Outcome]
+    emitted: list[list[str]] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    runs: list[list[int]] = field(default_factory=list)
+    cut: int | None = None
+
+
+@dataclass(frozen=True)
 class StateRows:
     """Relations: the rows of each table in `tables`."""
 
@@ -420,9 +465,9 @@ class MarksRead:
     last_ts: int
 
 
-COMMAND_STEPS = frozenset({Fragment, Decide, Done, StateRead, Span})
+COMMAND_STEPS = frozenset({Fragment, Decide, Done, StateRead, Span, Flow})
 """Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
 RECOVERY = frozenset({RecoveryInfo, Recover, ReadMarks})
 """Commands that bring a new worker up: failed, not held, when it dies."""
-TAKES_BATCH = frozenset({Push, Reject, Fragment, Decide, Span, StateRead, Done})
+TAKES_BATCH = frozenset({Push, Reject, Fragment, Decide, Span, Flow, StateRead, Done})
 """Commands that take a batch (or are a step of one): a bug in one stops the worker (partition/worker.py)."""

@@ -90,6 +90,15 @@ class Schedule:
         self._first = _Level([unit], {stream: [(None, rows)]})
         return unit
 
+    def resume(self, streams: dict[str, pa.Table]) -> None:
+        """A batch whose entry TEs ran elsewhere (front/flows.py): its consumers of what they emitted."""
+        cat = self.catalog
+        level = _Level([])
+        for stream, rows in streams.items():
+            level.inputs[stream] = [(None, rows)]
+            level.pending += [Unit((p,), stream, cat.group_of(p)) for p in cat.consumers.get(stream, [])]
+        self._first = level
+
     def call(self, procedure: str) -> Unit:
         """An OLTP call: its unit."""
         unit = Unit((procedure,), None, self.catalog.group_of(procedure))

@@ -76,14 +76,21 @@ def test_flags_and_configurations():
         "voter P=1",
         "voter P=2",
     ]
-    state = [c.label for c in configurations((0.0,), voter=False, state_voter=True)]
-    assert state == ["sensors P=1", "sensors P=2 0% spanning", "voter-state P=1", "voter-state P=2"]
+    state = [c.label for c in configurations((0.0,), voter=False, state_voter=True, sql_voter=True)]
+    assert state == [
+        "sensors P=1",
+        "sensors P=2 0% spanning",
+        "voter-1 P=1",
+        "voter-1 P=2",
+        "voter-state P=1",
+        "voter-state P=2",
+    ]
 
 
-@pytest.mark.slow  # ~30 s on an idle 2-core machine (nine servers), 40 s+ when it is shared
+@pytest.mark.slow  # ~40 s on an idle 2-core machine (eleven servers), 60 s+ when it is shared
 def test_bench_partitions_quick(tmp_path, capsys):
     png = tmp_path / "p.png"
-    assert main(["partitions", "--quick", "--quiet", "--plot", str(png)]) == 0
+    assert main(["partitions", "--quick", "--quiet", "--plot", str(png), "--sql-votes", "400"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]  # every line is JSON
     assert lines and all(line["benchmark"] == "partitions" for line in lines)
 
@@ -97,6 +104,8 @@ def test_bench_partitions_quick(tmp_path, capsys):
         ("sensors", 2, 0.5),
         ("voter", 1, None),
         ("voter", 2, None),
+        ("voter-1", 1, None),
+        ("voter-1", 2, None),
         ("voter-state", 1, None),
         ("voter-state", 2, None),
     ]
@@ -118,16 +127,22 @@ def test_bench_partitions_quick(tmp_path, capsys):
     assert voter[1]["coordinated_batches"] == 0
     assert voter[2]["coordinated_batches"] == voter[2]["batches"]  # single tables: every batch is coordinated
     assert voter[2]["vs_p1"] > 0
-    state = {c["partitions"]: c for c in configs if c["workload"] == "voter-state"}
-    assert state[1]["batch_rows"] == 1 and state[1]["coordinated_batches"] == 0
-    assert state[2]["vs_p1"] > 0
+    for workload in ("voter-1", "voter-state"):  # 1-vote batches: at P = 2 nearly all run in flows
+        one_vote = {c["partitions"]: c for c in configs if c["workload"] == workload}
+        assert one_vote[1]["batch_rows"] == 1 and one_vote[1]["coordinated_batches"] == 0
+        assert one_vote[1]["flow_batches"] == 0
+        assert one_vote[2]["flow_batches"] > one_vote[2]["batches"] // 2 and one_vote[2]["flows"] > 0
+        assert one_vote[2]["vs_p1"] > 0
 
     ratios = [x for x in lines if "ratio" in x]
-    assert len(ratios) == 2 and lines[-2:] == ratios  # the ratio lines come last
-    ratio, state_ratio = ratios
-    assert state_ratio["workload"] == "voter-state" and state_ratio["target"] == 1.0
-    assert state_ratio["numerator_value"] == state[2]["batches_per_s"]
-    assert state_ratio["denominator_value"] == state[1]["batches_per_s"]
+    assert len(ratios) == 4 and lines[-4:] == ratios  # the ratio lines come last
+    ratio, *voter_ratios = ratios
+    assert [r["workload"] for r in voter_ratios] == ["voter", "voter-1", "voter-state"]
+    for r in voter_ratios:
+        pair = {c["partitions"]: c for c in configs if c["workload"] == r["workload"]}
+        assert r["target"] == 1.0
+        assert r["numerator_value"] == pair[2]["batches_per_s"]
+        assert r["denominator_value"] == pair[1]["batches_per_s"]
     assert RATIO_KEYS <= ratio.keys()
     assert ratio["target"] == 1.6 and ratio["ratio"] > 0
     assert ratio["ratio"] == pytest.approx(ratio["ratio_rounds"][0], abs=0.002)  # one round: its own pair

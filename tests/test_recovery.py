@@ -27,6 +27,7 @@ from streamtx.procedures.tstream import sl
 from streamtx.procedures.tstream.common import run_reference
 from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
 from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference
+from streamtx.procedures.voter.state import QUERIES as STATE_QUERIES
 from streamtx.recovery import LogReader, RecordKind, decode_command
 from streamtx.server.embedded import EmbeddedServer
 
@@ -106,6 +107,34 @@ def test_voter_survives_random_crashes_exactly_once(tmp_path, mode, partitions):
             assert c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall() == sorted(
                 ref.rejected
             )
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_voter_flows_survive_random_crashes_exactly_once(tmp_path, mode):
+    """The state voter at P = 2 in 1-vote batches: they run in flows (front/flows.py: vote on the phone's
+    partition, leaderboard at home), cut at each deletion; kills land in stages, decisions and DONE records."""
+    config = VoterConfig(contestants=6, max_votes=2, delete_every=40, window=12, slide=2)
+    votes = generate_votes(400, seed=3, contestants=6, phones=60, invalid_share=0.1)
+    batches = [votes.slice(i, 1) for i in range(votes.num_rows)]
+    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
+    srv = EmbeddedServer(tmp_path / "data", partitions=2, durability=mode, extra_args=args).start()
+    try:
+        with Client(srv.target) as c:
+            c.deploy(deploy_script(config, "state"))
+            c.call("setup", **setup_params(config))
+        crash_loop(srv, "votes_in", batches, seed=17 if mode == "strong" else 18)
+        ref = VoterReference(config)
+        for b in batches:
+            ref.process_batch(rows_of(b))
+        expected = ref.tables()
+        with Client(srv.target) as c:
+            for name, sql in STATE_QUERIES.items():
+                assert c.query(sql).fetchall() == expected[name], name
+            rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
+            assert rejected == sorted(ref.rejected)
     finally:
         srv.close()
 

@@ -104,6 +104,9 @@ class Placement:
     event_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # event-keyed procedure -> its columns
     stream_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Stream pushed in EVENT_KEYED mode -> the PARTITION ON columns of its consumer."""
+    flows: set[str] = field(default_factory=set)
+    """Coordinated keyed streams whose batches may run as flows (front/flows.py): their consumers are
+    partitioned by the stream's key, and what those emit is consumed on the home partition only."""
 
     def key_of_stream(self, stream: str) -> str | None:
         return self.streams.get(stream)
@@ -220,6 +223,7 @@ def derive(
             if all(not flow.consumers.get(out) for out in flow.emitted_by(consumers[0])):
                 pl.push_mode[s] = EVENT_KEYED
                 pl.stream_keys[s] = pl.event_keys[consumers[0]]
+    pl.flows = {s for s in streams if pl.push_mode[s] == COORDINATED and _flows(flow, pl, s)}
     for proc in procedures.values():
         if proc.on_stream is not None:
             continue
@@ -293,6 +297,19 @@ def _check_spanning_reads(proc: str, unit: str, accesses: list[Access], tables: 
 
 def _spans(a: Access, tables: dict[str, str]) -> bool:
     return any(tables[t] == PARTITIONED for t in a.reads | a.writes) or any(tables[t] == REPLICATED for t in a.writes)
+
+
+def _flows(flow: Dataflow, pl: Placement, stream: str) -> bool:
+    """Whether `stream`'s batches fit a flow: entry TEs on the owner of the batch's keys, in no
+    transaction group, and everything they trigger first on the home partition."""
+    entry = flow.consumers.get(stream, [])
+    if pl.streams.get(stream) is None or not entry:
+        return False
+    if any(pl.procedures[p] != PARTITIONED or flow.group_of(p) is not None for p in entry):
+        return False
+    return all(
+        pl.procedures[q] == SINGLE for p in entry for out in flow.emitted_by(p) for q in flow.consumers.get(out, [])
+    )
 
 
 def _mode(flow: Dataflow, pl: Placement, start: list[tuple[str, str | None]], keyed: bool) -> str:

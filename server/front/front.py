@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from collections.abc import Awaitable
 from pathlib import Path
@@ -34,6 +35,7 @@ from streamtx.server.config import ServerConfig
 from streamtx.server.front import checks, scatter
 from streamtx.server.front.admission import Admission
 from streamtx.server.front.coordinator import Coordinator
+from streamtx.server.front.flows import FlowPush, Flows
 from streamtx.server.front.gate import Gate
 from streamtx.server.front.metrics import push_latency
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
@@ -68,8 +70,10 @@ class Front:
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
         self.coordinator = Coordinator(self)
         self.supervisor = Supervisor(self)
-        spans = config.executor == "opchain" and config.partitions > 1
-        self.gate = Gate(Spans(self).run if spans else None, config.interval_size)
+        self.spans = Spans(self)
+        self.flows = Flows(self)
+        together = config.executor == "opchain" and config.partitions > 1
+        self.gate = Gate(self._run_together if together else None, config.interval_size)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -280,9 +284,32 @@ class Front:
             procedure = self.catalog.consumers[stream][0]
             alone = coordinated if target is None else local
             item = SpanPush(stream, producer, batch_id, ts, table, procedure, tuple(sorted(set(involved))), alone)
+        elif self.gate.span_runner is not None and target is None and stream in self.catalog.placement.flows:
+            owner = self._flow_owner(stream, table)
+            if owner is not None:
+                item = FlowPush(stream, producer, batch_id, ts, table, owner, coordinated)
         if target is None:
             return self.gate.run_coordinated(coordinated, item)
         return self.gate.run(local, item)
+
+    def _flow_owner(self, stream: str, table: pa.Table) -> int | None:
+        """The partition owning all of a batch's keys, if the batch can join a flow (front/flows.py)."""
+        if table.num_rows == 0:
+            return None
+        consumers = self.catalog.consumers[stream]
+        if table.num_rows > 1 and any(self.catalog.procedures[p].each_row for p in consumers):
+            return None  # its tuples run one at a time, each with all it triggers
+        owners = self.map.owners(table.column(self.catalog.placement.streams[stream]))
+        first = int(owners[0])
+        return first if (owners == first).all() else None
+
+    async def _run_together(self, items: list[Any]) -> list[pr.Outcome | BaseException]:
+        """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind."""
+        out: list[pr.Outcome | BaseException] = []
+        for kind, group in itertools.groupby(items, type):
+            runner = self.flows.run if kind is FlowPush else self.spans.run
+            out += await runner(list(group))
+        return out
 
     def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:
         """The outcome of a partition's reply, once it comes; a callback, not a task per batch."""

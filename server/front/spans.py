@@ -28,9 +28,9 @@ span: they take the coordinated path, which answers DUPLICATE.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
@@ -80,7 +80,7 @@ class Spans:
             raise
         if outcomes is None:
             front.counters["spans_split"] += 1
-            return await _one_by_one(pushes)
+            return await one_by_one(pushes)
         front.counters["spans"] += 1
         front.counters["coordinated"] += 1
         for o in outcomes:
@@ -117,7 +117,12 @@ def _verdicts(ran: pr.SpanRan) -> list[tuple[str, int, str]]:
     return [(o.outcome, o.code, o.reason) for o in ran.outcomes]
 
 
-async def _one_by_one(pushes: list[SpanPush]) -> list[Outcome | BaseException]:
+class Alone(Protocol):
+    alone: Callable[[], Awaitable[Outcome]]
+
+
+async def one_by_one(pushes: Sequence[Alone]) -> list[Outcome | BaseException]:
+    """Each batch run alone, in order (a span or flow that did not go through as one)."""
     out: list[Outcome | BaseException] = []
     for p in pushes:
         try:

@@ -35,6 +35,8 @@ from streamtx.errors import Aborted, Internal, NotFound, StreamTxError
 from streamtx.procedure import Event, Row, StateProcedure
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.compile import TS_PARAMS
+from streamtx.server.catalog.placement import SINGLE
+from streamtx.server.ipc import join_grouped, split_grouped
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import Exchange, keep_owned
 from streamtx.server.partition.marks import Mark, Taken
@@ -85,6 +87,54 @@ class _Span:
         return cls(pushes, [list(i) for *_, i in c.pushes], exchange, (c, tables), values)
 
 
+@dataclass
+class _FlowItem:
+    """A batch of a flow: taken whole (`streams` None), or only the tuples its entry TEs emitted elsewhere."""
+
+    push: Push  # a batch taken whole; else its address, with no rows
+    streams: dict[str, pa.Table] | None
+
+
+@dataclass
+class _Flow:
+    """One stage of a flow (`run_flow`) and what it did, until `decide`."""
+
+    stage: str
+    items: list[_FlowItem]
+    wire: tuple[pr.Flow, list[pa.Table]]  # as the front sent it: what the command log keeps
+    outcomes: list[Outcome] = field(default_factory=list)
+    emitted: list[dict[str, pa.Table]] = field(default_factory=list)
+    taken: list[Taken] = field(default_factory=list)
+    keep: dict[str, list[int]] = field(default_factory=dict)
+    runs: list[_Run] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, c: pr.Flow, tables: list[pa.Table]) -> _Flow:
+        relations = split_grouped(c.order, c.runs, tables)
+        items: list[_FlowItem] = []
+        at = 0
+        for stream, producer, batch_id, ts, streams in c.items:
+            if streams is None:
+                items.append(_FlowItem(Push(stream, producer, batch_id, ts, relations[at]), None))
+                at += 1
+            else:
+                rows = dict(zip(streams, relations[at : at + len(streams)], strict=True))
+                items.append(_FlowItem(Push(stream, producer, batch_id, ts, pa.table({})), rows))
+                at += len(streams)
+        return cls(c.stage, items, (c, tables))
+
+    def prepared(self) -> list[Push]:
+        """What `Dataflow._prepare` loads state for: the batches taken whole, and the emitted tuples."""
+        out = []
+        for item in self.items:
+            p = item.push
+            if item.streams is None:
+                out.append(p)
+            else:
+                out += [Push(s, p.producer, p.batch_id, p.ts, rows) for s, rows in item.streams.items()]
+        return out
+
+
 class Dataflow:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -98,6 +148,9 @@ class Dataflow:
         self._open_params: dict[str, Any] | None = None
         self._open_exchange: Exchange | None = None  # the open fragment's merged state rows, logged with it
         self._open_span: _Span | None = None  # the open span, if the open transaction is one
+        self._open_flows: list[_Flow] = []  # the open flow's steps, if the open transaction is one
+        self._open_epoch: int | None = None  # the open flow's first timestamp
+        self._open_within: dict[Mark, int] = {}  # the marks its steps took
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -327,8 +380,15 @@ class Dataflow:
         eng = self.engine
         ts = c.ts
         span, self._open_span = self._open_span, None
+        flows, self._open_flows, self._open_epoch, self._open_within = self._open_flows, [], None, {}
         hold_back = eng.executor == "opchain"  # as an interval's commit: what certainly fits waits
-        if c.commit and self._open and span is not None:
+        if c.commit and self._open and flows:
+            eng.commit(hold_back)
+            self._commit_flow(flows, ts)
+            if self.journal is not None:
+                for flow in flows:
+                    self.journal.flow(ts, *flow.wire)
+        elif c.commit and self._open and span is not None:
             eng.commit(hold_back)
             self._commit_span(span)
             if self.journal is not None:
@@ -448,6 +508,120 @@ class Dataflow:
             self._metered(run)
         if span.aborted and self.journal is not None:
             eng.meter.aborted(span.aborted)
+
+    # ------------------------------------------------------------------ flows
+    def run_flow(self, c: pr.Flow, tables: list[pa.Table]) -> tuple[pr.FlowRan, list[pa.Table]]:
+        """One step of a flow (front/flows.py), its batches in timestamp order, left open for `decide`.
+
+        Stage "entry" runs each batch's entry TEs here, where its keys live, and
+        returns what they emitted. Stage "rest" (home) runs, in timestamp
+        order, the batches it owns whole and the other batches' remaining TEs
+        from what their entry emitted: on this partition, every TE runs in the
+        order it would on one partition. A flow's steps share one transaction.
+        A TE that aborts, or a batch whose dataflow reaches a procedure placed
+        beyond home, cuts the flow there: all of it is rolled back, and the
+        front runs the batches before that one as a flow again, that one
+        alone, then the rest.
+        """
+        eng = self.engine
+        if c.first and self._open:
+            raise Internal(f"flow at ts {c.epoch}: a coordinated transaction is still open")
+        if not c.first and (self._open_epoch != c.epoch or not self._open):
+            return pr.FlowRan([], cut=0), []  # this flow was cut here already
+        flow = _Flow.from_wire(c, tables)
+        if c.first:
+            self._open_windows = eng.windows.snapshot()
+            eng.begin()
+            self._open, self._open_epoch, self._open_flows, self._open_within = True, c.epoch, [], {}
+        try:
+            cut = self._flow(flow, self._open_within)
+            if cut is None:  # what might not fit is written now, so that the commit cannot fail
+                eng.state.end_interval()
+        except duckdb.Error:  # rows a constraint refuses at the write-back: the first batch runs alone
+            cut = 0
+        except BaseException:
+            self._undo_flow()
+            raise
+        if cut is not None:
+            self._undo_flow()
+            return pr.FlowRan([], cut=cut), []
+        self._open_flows.append(flow)
+        names = [sorted(e) for e in flow.emitted]
+        rows = [e[s] for e, streams in zip(flow.emitted, names, strict=True) for s in streams]
+        order, runs, joined = join_grouped(rows, [s for streams in names for s in streams])
+        return pr.FlowRan(flow.outcomes, names, order, runs), joined
+
+    def _undo_flow(self) -> None:
+        self._rollback(self._open_windows)
+        self._open, self._open_epoch, self._open_flows, self._open_within = False, None, [], {}
+
+    def replay_flow(self, c: pr.Flow, tables: list[pa.Table], ts: int) -> None:
+        """Re-runs a logged flow stage as it committed (recovery)."""
+        eng = self.engine
+        flow = _Flow.from_wire(c, tables)
+        saved = eng.windows.snapshot()
+        eng.begin()
+        try:
+            cut = self._flow(flow, {})
+            if cut is not None:
+                raise Internal(f"flow at ts {ts}: its batch at ts {flow.items[cut].push.ts} does not run again")
+            eng.commit()
+        except BaseException:
+            self._rollback(saved)
+            raise
+        self._commit_flow([flow], ts)
+
+    def _flow(self, flow: _Flow, within: dict[Mark, int]) -> int | None:
+        """The step's batches in order, inside the open transaction; the index of the batch that cuts it, if one.
+
+        `within`: the marks the flow's earlier steps took, not committed yet.
+        """
+        eng = self.engine
+        taken: list[Taken] = []
+        try:
+            if eng.executor == "opchain":
+                self._prepare(flow.prepared())
+            for i, item in enumerate(flow.items):
+                p = item.push
+                run = _Run(self, p.ts)
+                run.stage = flow.stage
+                if item.streams is None:
+                    dup = self._duplicate(p.producer, p.stream, p.batch_id, within.get((p.producer, p.stream), 0))
+                    if dup is not None:
+                        flow.outcomes.append(dup)
+                        flow.emitted.append({})
+                        continue
+                    run.start_push(p)
+                else:
+                    run.schedule.resume(item.streams)
+                try:
+                    run.execute()
+                except (StreamTxError, _Cascade):
+                    return i
+                flow.outcomes.append(run.finish(flow.keep))
+                flow.emitted.append(run.outputs)
+                flow.runs.append(run)
+                if item.streams is None:
+                    taken.append((p.producer, p.stream, p.batch_id, p.ts))
+                    within[(p.producer, p.stream)] = p.batch_id
+        finally:
+            eng.prepared.clear()
+        flow.taken = taken
+        eng.state.add_marks(taken)
+        return None
+
+    def _commit_flow(self, flows: list[_Flow], ts: int) -> None:
+        """After a flow's commit: marks, clock, counters and retained output, as its steps left them."""
+        eng = self.engine
+        for flow in flows:
+            eng.marks.took(flow.taken)
+            self._keep(flow.keep)
+            whole = {t[3] for t in flow.taken}
+            eng.counters["committed"] += len(whole)
+            eng.counters["rows"] += sum(i.push.batch.num_rows for i in flow.items if i.push.ts in whole)
+            for run in flow.runs:
+                self._metered(run)
+        eng.marks.ran(ts)
 
     # ------------------------------------------------------------- internals
     def _push_isolated(self, p: Push) -> Outcome:
@@ -623,6 +797,10 @@ class Dataflow:
             tx.run_plan(tx.statements_of(procedure))
 
 
+class _Cascade(Exception):
+    """A flow's batch reaches a procedure that runs beyond the home partition: it leaves the flow."""
+
+
 @dataclass
 class _Failure:
     """Where a TE aborted: what to leave out when the command runs again (`Dataflow._execute`)."""
@@ -655,6 +833,8 @@ class _Run:
         self.timed: list[tuple[str, float]] = []  # each procedure's TE and its run time, for the meter
         self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
+        self.stage: str | None = None  # a flow's stage (front/flows.py): "entry" or "rest"
+        self.outputs: dict[str, pa.Table] = {}  # stage "entry": what the entry TEs emitted for other TEs
 
     def start_push(self, p: Push) -> None:
         """The batch's entry unit: every consumer of its stream, taken or refused together."""
@@ -674,8 +854,19 @@ class _Run:
 
     # -------------------------------------------------------------- execution
     def execute(self) -> None:
-        """Every TE inside the caller's transaction; an abort propagates to the caller (with `failure` set)."""
+        """Every TE inside the caller's transaction; an abort propagates to the caller (with `failure` set).
+
+        In a flow (`Dataflow.run_flow`), stage "entry" runs the entry unit only,
+        and stage "rest" raises `_Cascade` at a unit that does not run on the
+        home partition alone.
+        """
+        placement = self.eng.catalog.placement
         for _, unit in self.schedule:
+            if self.stage is not None and not unit.entry:
+                if self.stage == "entry":
+                    break
+                if any(placement.procedures[p] != SINGLE for p in unit.procedures):
+                    raise _Cascade(unit.procedures[0])
             self._unit(unit)
         if self.schedule.aborted:
             self.eng.counters["tes_aborted"] += len(self.schedule.aborted)
@@ -759,6 +950,8 @@ class _Run:
             known = tx.emitted_values.get(stream)
             if known is not None and known[0] is rows:
                 self.values[stream] = known
+            if self.stage == "entry" and self.eng.catalog.consumers.get(stream):
+                self.outputs[stream] = rows
             self.schedule.emitted(unit, stream, rows)
 
 

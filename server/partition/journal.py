@@ -10,7 +10,9 @@ Modes (`--durability`):
   partitions, so they cannot be re-derived here; a state TE's fragment keeps
   the rows the partitions merged for it, partition/exchange.py), and spans
   (SPAN: a punctuation interval of state batches over several partitions,
-  with the rows they merged; both modes log it whole). Replay re-runs each command
+  with the rows they merged; both modes log it whole), and flow stages (FLOW:
+  the batches of a flow's step as this partition ran them, front/flows.py;
+  both modes log it whole). Replay re-runs each command
   with PE triggers on, which re-derives every interior TE (upstream backup).
 - `strong`: every committed TE is logged, border and interior alike (TE: the
   procedure, its input tuples or parameters, its timestamp, the batch's dedup
@@ -52,7 +54,7 @@ from streamtx.recovery.records import Record
 from streamtx.recovery.records import RecordKind as K
 from streamtx.server import log
 from streamtx.server import protocol as pr
-from streamtx.server.ipc import join_runs, split_runs
+from streamtx.server.ipc import join_grouped, split_grouped
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.protocol import TeSpec
@@ -140,8 +142,7 @@ class Journal:
             return
         last_ts = committed[-1][0].ts
         if self.mode == "weak":
-            order = _grouped([p.stream for p, _ in committed])
-            runs, joined = join_runs([committed[i][0].batch for i in order])
+            order, runs, joined = join_grouped([p.batch for p, _ in committed], [p.stream for p, _ in committed])
             pushes = [[p.stream, p.producer, p.batch_id, p.ts] for p, _ in committed]
             self._append(K.PUSHES, last_ts, {"pushes": pushes, "order": order, "runs": runs}, joined)
             return
@@ -158,8 +159,7 @@ class Journal:
                     streams.append(spec.stream)
             mark = [p.producer, p.stream, p.batch_id] if any(s.border for s, _ in run.logged) else None
             batches.append([p.ts, mark, specs, inputs])
-        order = _grouped(streams)
-        runs, joined = join_runs([flat[i] for i in order])
+        order, runs, joined = join_grouped(flat, streams)
         self._append(K.INTERVAL, last_ts, {"batches": batches, "order": order, "runs": runs}, joined)
 
     def call(self, procedure: str, params: dict[str, Any], ts: int, run: _Run) -> None:
@@ -196,6 +196,10 @@ class Journal:
     def span(self, ts: int, span: pr.Span, tables: list[pa.Table]) -> None:
         """A span committed here, as the front sent it (its batches and the merged rows); `ts` is its last batch's."""
         self._append(K.SPAN, ts, span.to_log(), tables)
+
+    def flow(self, ts: int, flow: pr.Flow, tables: list[pa.Table]) -> None:
+        """A flow stage committed here, as the front sent it; `ts` is the flow's last batch's."""
+        self._append(K.FLOW, ts, flow.to_log(), tables)
 
     def _tes(
         self,
@@ -236,7 +240,7 @@ class Journal:
     ) -> pr.Recovered:
         """Loads the chosen checkpoint, then replays the log after it; reports progress on stderr.
 
-        Fragments of a coordinated command (and spans) are replayed only if the command
+        Fragments of a coordinated command (and spans and flows) are replayed only if the command
         finished everywhere (`done`, from the home partition's log): one that a
         crash cut short was never acknowledged, and its producer re-sends it.
         Such records are then marked UNDONE in the log: after a worker restart
@@ -270,7 +274,7 @@ class Journal:
                 if record.kind == K.PUSH:
                     pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
                 elif record.kind == K.PUSHES:
-                    batches = _ungrouped(head, tables)
+                    batches = split_grouped(head["order"], head["runs"], tables)
                     pushes += [Push(s, p, b, ts, t) for (s, p, b, ts), t in zip(head["pushes"], batches, strict=True)]
                 if record.kind in (K.PUSH, K.PUSHES) and len(pushes) < REPLAY_INTERVAL:
                     continue
@@ -323,8 +327,10 @@ class Journal:
             pass
         elif kind == K.SPAN:
             flow.replay_span(pr.Span.from_log(head), tables)
+        elif kind == K.FLOW:
+            flow.replay_flow(pr.Flow.from_log(head), tables, ts)
         elif kind == K.INTERVAL:
-            flat = _ungrouped(head, tables)
+            flat = split_grouped(head["order"], head["runs"], tables)
             for batch_ts, mark, specs, inputs in head["batches"]:
                 relations = [flat[i] if i >= 0 else pa.table({}) for i in inputs]
                 flow.replay_tes(batch_ts, [TeSpec.from_log(d) for d in specs], relations, None, mark)
@@ -361,7 +367,7 @@ def _settled(
         if record.kind == K.UNDONE:
             held = [h for h in held if h[2].ts != record.ts]
             doubt.discard(record.ts)
-        elif record.kind in (K.FRAGMENTS, K.SPAN):
+        elif record.kind in (K.FRAGMENTS, K.SPAN, K.FLOW):
             if record.ts in done:
                 held.append(item)
             else:
@@ -380,29 +386,16 @@ def _taken(kind: int, head: dict[str, Any]) -> Iterator[tuple[str, str, int]]:
     elif kind in (K.PUSHES, K.SPAN):  # [stream, producer, batch id, ts, ...] per batch
         for stream, producer, batch_id, *_ in head["pushes"]:
             yield producer, stream, batch_id
+    elif kind == K.FLOW:  # [stream, producer, batch id, ts, streams] per batch; None: taken here
+        for stream, producer, batch_id, _, streams in head["items"]:
+            if streams is None:
+                yield producer, stream, batch_id
     elif kind == K.INTERVAL:
         for _, mark, _, _ in head["batches"]:
             if mark:
                 yield mark[0], mark[1], mark[2]
     elif kind in (K.TE, K.FRAGMENTS) and head.get("mark"):
         yield head["mark"][0], head["mark"][1], head["mark"][2]
-
-
-def _grouped(keys: list[str]) -> list[int]:
-    """Indices of `keys`, equal keys together (first seen first): the inputs of one stream, for `join_runs`."""
-    groups: dict[str, list[int]] = {}
-    for i, k in enumerate(keys):
-        groups.setdefault(k, []).append(i)
-    return [i for group in groups.values() for i in group]
-
-
-def _ungrouped(head: dict[str, Any], tables: list[pa.Table]) -> list[pa.Table]:
-    """The relations of an interval record in their first order (undoes `_grouped` and `join_runs`)."""
-    ordered, _ = split_runs(head["runs"], tables)
-    out: list[pa.Table] = [pa.table({})] * len(ordered)
-    for i, t in zip(head["order"], ordered, strict=True):
-        out[i] = t
-    return out
 
 
 def _say(partition: int, message: str) -> None:

@@ -87,7 +87,7 @@ def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> N
         where = placement_of(engine, table)
         if where == REPLICATED and table in writes:
             raise refuse_replicated_write(procedure, table)
-        if where not in (SINGLE, BY_KEY) or engine.map.partitions == 1:
+        if where not in (SINGLE, BY_KEY) or (where == SINGLE and me == 0):
             continue
         found = owners(engine, table, keys[table], where)
         stray = np.flatnonzero(found != me)

@@ -80,7 +80,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-OVER_WORKING_SET = (pr.Fragment, pr.Decide, pr.Done)
+OVER_WORKING_SET = (pr.Fragment, pr.Flow, pr.Decide, pr.Done)
 
 
 class Worker:
@@ -117,6 +117,7 @@ class Worker:
             pr.Fragment: lambda c, t: self.dataflow.run_fragment(c, t),
             pr.StateRead: self._state_read,
             pr.Span: lambda c, t: self.dataflow.run_span(c, t),
+            pr.Flow: lambda c, t: self.dataflow.run_flow(c, t),
             pr.Decide: lambda c, _: (self.dataflow.decide(c), []),
             pr.Call: self._call,
             pr.Query: lambda c, _: (None, [self.engine.query(c.sql, c.params)]),
