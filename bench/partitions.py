@@ -86,9 +86,9 @@ STATE_WARMUP, QUICK_STATE_WARMUP = 500, 200
 STATE_MAX_IN_FLIGHT = 1_024
 VOTER_P2_OVER_P1_TARGET = 1.0
 VOTERS = {  # workload: (deploy mode, votes per batch, what the plot calls it)
-    "voter": ("dataflow", VOTER_BATCH, "voter, SQL\n100 votes per batch"),
-    "voter-1": ("dataflow", 1, "voter, SQL\n1 vote per batch"),
-    "voter-state": ("state", 1, "voter, state procedures\n1 vote per batch"),
+    "voter": ("dataflow", VOTER_BATCH, "voter, SQL\n100 votes\nper batch"),
+    "voter-1": ("dataflow", 1, "voter, SQL\n1 vote\nper batch"),
+    "voter-state": ("state", 1, "voter, state\nprocedures,\n1 vote per batch"),
 }
 WARMUP_BATCHES = 4
 
@@ -633,8 +633,8 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         labels = ["" if np.isnan(y) else f"{y:,.0f}" if y >= 100 else f"{y:.3g}" for y in ys]
         left.bar_label(bars, labels=labels, fontsize=8, padding=1)
     ratio = next((r for r in records if "ratio" in r and r.get("workload") == "sensors"), None)
-    names = {"sensors": "sensors\n(partition-friendly)", **{w: v[2] for w, v in VOTERS.items()}}
-    left.set_xticks(x, [names[w] for w in groups])
+    names = {"sensors": "sensors\n(partition-\nfriendly)", **{w: v[2] for w, v in VOTERS.items()}}
+    left.set_xticks(x, [names[w] for w in groups], fontsize=8)
     left.set_yscale("log")  # 100-vote and 4,000-reading batches next to 1-vote ones
     left.set_ylabel("input batches/s (median round, log scale)")
     title = "P = 1 vs P = 2 partitions"

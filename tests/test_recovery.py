@@ -84,31 +84,37 @@ def crash_loop(srv: EmbeddedServer, stream: str, batches: list[pa.Table], seed: 
     assert all(r.outcome in ("committed", "duplicate", "rejected") for r in results)
 
 
+def voter_survives(
+    data: Path, config: VoterConfig, batches: list[pa.Table], mode: str, partitions: int, variant: str, seed: int
+) -> None:
+    """The voter's `variant` through random crashes ends in exactly the sequential reference's tables."""
+    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
+    srv = EmbeddedServer(data, partitions=partitions, durability=mode, extra_args=args).start()
+    try:
+        with Client(srv.target) as c:
+            c.deploy(deploy_script(config, variant))
+            c.call("setup", **setup_params(config))
+        crash_loop(srv, "votes_in", batches, seed=seed)
+        ref = VoterReference(config)
+        for b in batches:
+            ref.process_batch(rows_of(b))
+        expected = ref.tables()
+        with Client(srv.target) as c:
+            for name, sql in (STATE_QUERIES if variant == "state" else SERVER_QUERIES).items():
+                assert c.query(sql).fetchall() == expected[name], name
+            rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
+            assert rejected == sorted(ref.rejected)
+    finally:
+        srv.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "partitions"), CONFIGS, ids=[f"{m}-P{p}" for m, p in CONFIGS])
 def test_voter_survives_random_crashes_exactly_once(tmp_path, mode, partitions):
     config = VoterConfig(contestants=6, max_votes=2, delete_every=70, window=12, slide=2)
     votes = generate_votes(160 * BATCH, seed=partitions, contestants=6, phones=60, invalid_share=0.1)
     batches = [votes.slice(i, BATCH) for i in range(0, votes.num_rows, BATCH)]
-    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
-    srv = EmbeddedServer(tmp_path / "data", partitions=partitions, durability=mode, extra_args=args).start()
-    try:
-        with Client(srv.target) as c:
-            c.deploy(deploy_script(config))
-            c.call("setup", **setup_params(config))
-        crash_loop(srv, "votes_in", batches, seed=hash((mode, partitions)) & 0xFFFF)
-        ref = VoterReference(config)
-        for b in batches:
-            ref.process_batch(rows_of(b))
-        expected = ref.tables()
-        with Client(srv.target) as c:
-            for name, sql in SERVER_QUERIES.items():
-                assert c.query(sql).fetchall() == expected[name], name
-            assert c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall() == sorted(
-                ref.rejected
-            )
-    finally:
-        srv.close()
+    voter_survives(tmp_path / "data", config, batches, mode, partitions, "dataflow", hash((mode, partitions)) & 0xFFFF)
 
 
 @pytest.mark.slow
@@ -119,24 +125,7 @@ def test_voter_flows_survive_random_crashes_exactly_once(tmp_path, mode):
     config = VoterConfig(contestants=6, max_votes=2, delete_every=40, window=12, slide=2)
     votes = generate_votes(400, seed=3, contestants=6, phones=60, invalid_share=0.1)
     batches = [votes.slice(i, 1) for i in range(votes.num_rows)]
-    args = ["--checkpoint-every", "0.4", "--order-timeout", "30"]
-    srv = EmbeddedServer(tmp_path / "data", partitions=2, durability=mode, extra_args=args).start()
-    try:
-        with Client(srv.target) as c:
-            c.deploy(deploy_script(config, "state"))
-            c.call("setup", **setup_params(config))
-        crash_loop(srv, "votes_in", batches, seed=17 if mode == "strong" else 18)
-        ref = VoterReference(config)
-        for b in batches:
-            ref.process_batch(rows_of(b))
-        expected = ref.tables()
-        with Client(srv.target) as c:
-            for name, sql in STATE_QUERIES.items():
-                assert c.query(sql).fetchall() == expected[name], name
-            rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
-            assert rejected == sorted(ref.rejected)
-    finally:
-        srv.close()
+    voter_survives(tmp_path / "data", config, batches, mode, 2, "state", 17 if mode == "strong" else 18)
 
 
 @pytest.mark.slow
