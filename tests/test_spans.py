@@ -121,6 +121,38 @@ def test_a_failed_span_fails_each_of_its_requests():
     assert results[3] == "c"  # not in the span: sent once the gate is free
 
 
+def test_a_span_takes_in_the_items_that_came_to_the_head_of_the_line():
+    """`Span.more` (flows, front/flows.py): items queued meanwhile join, up to the first request without one;
+    `Span.answer` answers a request before the span ends."""
+
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        seen: list[Any] = []
+
+        async def runner(span: Any) -> list[Any]:
+            await asyncio.sleep(0.01)  # b, c, d and e queue meanwhile
+            more = span.more(10, str)
+            seen.append((list(span), more))
+            span.answer("a", "early:a")
+            return [f"span:{i}" for i in span]
+
+        gate = Gate(runner, 10)
+        loop = asyncio.get_running_loop()
+
+        def done(value: str) -> asyncio.Future:
+            fut = loop.create_future()
+            fut.set_result(value)
+            return fut
+
+        futs = [gate.run_coordinated(lambda: asyncio.sleep(0), "a")]
+        futs += [gate.run(lambda: done("local:b"), "b"), gate.run_coordinated(lambda: asyncio.sleep(0), "c")]
+        futs += [gate.run(lambda: done("local:d"), None), gate.run(lambda: done("local:e"), "e")]
+        return seen, await asyncio.gather(*futs)
+
+    seen, results = asyncio.run(scenario())
+    assert seen == [(["a", "b", "c"], ["b", "c"])]  # d has no item: it and e wait for the span to end
+    assert results == ["early:a", "span:b", "span:c", "local:d", "local:e"]
+
+
 # ------------------------------------------------------------------------- on servers
 
 CEILING = 1_000  # counters.n must stay below it: the CHECK a write-back may break

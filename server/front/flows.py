@@ -25,6 +25,14 @@ procedure that runs everywhere) or whose TE aborts. Then the flow is undone,
 the batches before that one run again as a flow, that one runs alone as a
 coordinated command, and the rest go on as a flow.
 
+Stages go in steps (`STEP` batches), the entry partitions two steps ahead
+of home. Flows follow each other without stopping the gate: the flow batches
+that queued meanwhile start the next flow as soon as this one has sent its
+decision (the partitions take messages in order, so nothing of the next
+flow runs inside this one's transaction), and the next flow's decision waits
+until this one's DONE is on its way to home, so DONE records are logged in
+flow order and a flow is never recovered without the ones before it.
+
 A batch's outcome is the one it would have alone: its entry's outcome (the
 entry partition answers DUPLICATE for a re-sent batch, and keeps its mark),
 with the TEs and stored streams of its rest added.
@@ -34,12 +42,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from streamtx.server import protocol as pr
+from streamtx.server.front.gate import Span
 from streamtx.server.front.partitions import HOME, Restarted, checked
 from streamtx.server.front.spans import one_by_one
 from streamtx.server.ipc import join_grouped, split_grouped
@@ -55,6 +64,8 @@ Each step loads its keys with one query per table, so a step is worth a few doze
 FIRST_STEP = 32
 LOOKAHEAD = 2
 """Entry steps sent ahead of the rest home runs: what a cut at home may have had run for nothing."""
+RUN_FLOWS = 4
+"""Flows' worth of batches one gate span takes in, at most: its batches stay referenced until it ends."""
 
 
 @dataclass(frozen=True)
@@ -70,54 +81,123 @@ class FlowPush:
     alone: Callable[[], Awaitable[Outcome]]
 
 
+@dataclass(eq=False)
+class _Run:
+    """One flow's batches on their way: what the next flow waits for before it sends its steps and decision."""
+
+    pushes: list[FlowPush]
+    before: _Run | None
+    committing: asyncio.Event = field(default_factory=asyncio.Event)  # its last decision is sent (or it ended)
+    logged: asyncio.Event = field(default_factory=asyncio.Event)  # its DONE is sent (or it ended)
+    task: asyncio.Future | None = None
+
+    async def before_finished(self) -> None:
+        """Waits until the flow before this one ended (before anything but the happy path of this one)."""
+        if self.before is not None and self.before.task is not None:
+            await asyncio.wait([self.before.task])
+
+
 class Flows:
     def __init__(self, front: Front) -> None:
         self.front = front
 
-    async def run(self, pushes: list[FlowPush]) -> list[Outcome | BaseException]:
-        """Each batch's outcome, in order (an exception for a batch that failed alone)."""
+    async def run(self, pushes: list[FlowPush], span: Span | None = None) -> list[Outcome | BaseException]:
+        """Each batch's outcome, in order (an exception for a batch that failed alone).
+
+        The batches go in flows of at most `--interval-size`. With `span`, the
+        flow batches that come to the head of the gate's line go on in the
+        next flows (`RUN_FLOWS` flows' worth in all), each sent as the one
+        before sends its decision, and each batch is answered as its flow
+        ends. So the partitions take the next flow's first steps while the
+        one before commits, and the gate does not stop between flows.
+        """
+        limit = self.front.config.interval_size
+        results: dict[int, Outcome | BaseException] = {}
+        taken: list[FlowPush] = []
+        todo = list(pushes)
+        runs: list[_Run] = []
+        while True:
+            if not todo and span is not None and len(taken) < RUN_FLOWS * limit:
+                todo = span.more(limit, FlowPush)
+            if not todo:
+                break
+            run = _Run(todo[:limit], runs[-1] if runs else None)
+            todo = todo[limit:]
+            taken += run.pushes
+            run.task = asyncio.ensure_future(self._run(run, span, results))
+            runs.append(run)
+            await run.committing.wait()
+        await asyncio.gather(*(r.task for r in runs if r.task is not None))
+        return [results[id(p)] for p in taken]
+
+    async def _run(self, run: _Run, span: Span | None, results: dict[int, Outcome | BaseException]) -> None:
+        try:
+            outcomes = await self._cut_where_needed(run)
+        except BaseException as e:  # the flow failed as a whole: each of its batches with that error
+            outcomes = [e] * len(run.pushes)
+        finally:
+            run.committing.set()
+            run.logged.set()
+        for p, o in zip(run.pushes, outcomes, strict=True):
+            results[id(p)] = o
+            if span is not None:
+                span.answer(p, o)
+
+    async def _cut_where_needed(self, run: _Run) -> list[Outcome | BaseException]:
+        """The flow's outcomes: the batches before a cut as a flow again, the batch that cut it alone, then on."""
+        pushes = run.pushes
         out: list[Outcome | BaseException] = []
         at = 0
         while at < len(pushes):
-            outcomes, cut = await self._attempt(pushes[at:])
+            outcomes, cut = await self._attempt(run, pushes[at:], last=True)
             if cut is None:
                 out += outcomes
                 break
+            await run.before_finished()
             if cut:
-                before, again = await self._attempt(pushes[at : at + cut])
+                before, again = await self._attempt(run, pushes[at : at + cut], last=False)
                 out += before if again is None else await one_by_one(pushes[at : at + cut])
             out += await one_by_one([pushes[at + cut]])
             at += cut + 1
         return out
 
-    async def _attempt(self, pushes: list[FlowPush]) -> tuple[list[Outcome], int | None]:
-        """The flow committed (its outcomes), or undone everywhere and the index of the batch that cut it."""
+    async def _attempt(self, run: _Run, pushes: list[FlowPush], last: bool) -> tuple[list[Outcome], int | None]:
+        """The flow committed (its outcomes), or undone everywhere and the index of the batch that cut it.
+
+        `last`: these batches end the run, so the next run may start once their decision is sent.
+        """
         front = self.front
         last_ts = pushes[-1].ts
+        sent: list[bool] = []  # the commit decision went out: nothing may undo it from here
         try:
-            return await self._flow(pushes)
+            return await self._flow(run, pushes, last, sent)
         except Restarted:  # front/supervisor.py: the flow is done everywhere or nowhere
+            await run.before_finished()
             await front.supervisor.recovered()
             if last_ts in front.supervisor.done:
                 return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes], None
-            outcomes, cut = await self._attempt(pushes)
+            outcomes, cut = await self._attempt(run, pushes, last)
             return [o.first(p.ts) for o, p in zip(outcomes, pushes, strict=False)], cut
         except BaseException:
-            await front.coordinator.undo_everywhere(last_ts)
+            if not sent:  # after the decision a later flow may be open: a worker that failed is restarted
+                await run.before_finished()
+                await front.coordinator.undo_everywhere(last_ts)
             raise
 
-    async def _flow(self, pushes: list[FlowPush]) -> tuple[list[Outcome], int | None]:
-        """Sends every step's entry stages at once; each step's rest as soon as its entries answered."""
+    async def _flow(
+        self, run: _Run, pushes: list[FlowPush], last: bool, sent: list[bool]
+    ) -> tuple[list[Outcome], int | None]:
+        """Sends the entry steps two ahead of the rest home runs; each step's rest once its entries answered."""
         front = self.front
         epoch, last_ts = pushes[0].ts, pushes[-1].ts
         opened: set[int] = set()
-        sent: list[asyncio.Future] = []
+        replies: list[asyncio.Future] = []
 
         def stage(part: int, name: str, items: list[tuple[list[Any], list[pa.Table]]]) -> asyncio.Future:
             first = part not in opened
             opened.add(part)
-            sent.append(asyncio.ensure_future(_stage(front, part, name, items, epoch, first)))
-            return sent[-1]
+            replies.append(_stage(front, part, name, items, epoch, first))
+            return replies[-1]
 
         steps = _steps(len(pushes))
 
@@ -139,7 +219,7 @@ class Flows:
                 if k + LOOKAHEAD < len(steps):
                     entry_steps.append(entry(steps[k + LOOKAHEAD]))
                 for idx, reply in entry_steps[k]:
-                    ran, tables = await reply
+                    ran, tables = checked(await reply)
                     if ran.cut is not None:
                         cuts.append(idx[ran.cut])
                         continue
@@ -154,21 +234,30 @@ class Flows:
                     rests.append((at_home, stage(HOME, "rest", rest)))
             homes: dict[int, Outcome] = {}
             for at_home, reply in rests:
-                ran, _ = await reply
+                ran, _ = checked(await reply)
                 if ran.cut is not None:
                     cuts.append(at_home[ran.cut])
                 else:
                     homes.update(zip(at_home, ran.outcomes, strict=True))
         finally:  # every step answered before the decision (a failed one fails the flow)
-            await asyncio.gather(*sent, return_exceptions=True)
+            await asyncio.gather(*replies, return_exceptions=True)
         if cuts:
             await front.coordinator.decide(opened, False, last_ts)
             front.counters["flows_cut"] += 1
             return [], min(cuts)
-        await front.coordinator.decide(opened, True, last_ts)
-        if front.config.durability != "off":
-            # durable on the home partition: recovery replays the flow's stages on every partition
-            checked(await front.partitions[HOME].send(pr.Done(last_ts)))
+        if run.before is not None:  # its DONE goes to home before this flow's decision
+            await run.before.logged.wait()
+        decisions = [front.partitions[p].send(pr.Decide(True, last_ts)) for p in sorted(opened)]
+        sent.append(True)
+        if last:
+            run.committing.set()
+        for decided in await asyncio.gather(*decisions):
+            checked(decided)
+        done = front.partitions[HOME].send(pr.Done(last_ts)) if front.config.durability != "off" else None
+        if last:
+            run.logged.set()
+        if done is not None:  # durable on the home partition: recovery replays the flow's stages everywhere
+            checked(await done)
         outcomes = [_joined(entries[i][0] if i in entries else None, homes.get(i)) for i in range(len(pushes))]
         front.counters["flows"] += 1
         front.counters["flow_batches"] += len(pushes)
@@ -187,7 +276,10 @@ def _steps(n: int) -> list[range]:
 
 def _cut(reply: asyncio.Future) -> bool:
     """Whether a stage that answered already cut the flow (then no further step is sent)."""
-    return reply.done() and not reply.exception() and reply.result()[0].cut is not None
+    if not reply.done() or reply.cancelled() or reply.exception() is not None:
+        return False
+    body = reply.result()[0]
+    return isinstance(body, pr.FlowRan) and body.cut is not None
 
 
 def _rest(
@@ -214,15 +306,15 @@ def _whole(p: FlowPush) -> tuple[list[Any], list[pa.Table]]:
     return [p.stream, p.producer, p.batch_id, p.ts, None], [p.table]
 
 
-async def _stage(
+def _stage(
     front: Front, part: int, stage: str, items: list[tuple[list[Any], list[pa.Table]]], epoch: int, first: bool
-) -> tuple[pr.FlowRan, list[pa.Table]]:
-    """Sends one stage's items (each batch's header and relations) to a partition; its reply."""
+) -> asyncio.Future:
+    """Sends one stage's items (each batch's header and relations) to a partition now; the reply's future."""
     tables = [t for _, relations in items for t in relations]
     keys = [name for item, _ in items for name in (item[4] if item[4] is not None else [item[0]])]
     order, runs, joined = join_grouped(tables, keys)
     command = pr.Flow(stage, [i for i, _ in items], order, runs, epoch, first)
-    return checked(await front.partitions[part].send(command, joined))
+    return front.partitions[part].send(command, joined)
 
 
 def _joined(entry: Outcome | None, rest: Outcome | None) -> Outcome:

@@ -36,7 +36,7 @@ from streamtx.server.front import checks, scatter
 from streamtx.server.front.admission import Admission
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.flows import FlowPush, Flows
-from streamtx.server.front.gate import Gate
+from streamtx.server.front.gate import Gate, Span
 from streamtx.server.front.metrics import push_latency
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
 from streamtx.server.front.sequencer import Sequencer
@@ -303,12 +303,18 @@ class Front:
         first = int(owners[0])
         return first if (owners == first).all() else None
 
-    async def _run_together(self, items: list[Any]) -> list[pr.Outcome | BaseException]:
-        """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind."""
+    async def _run_together(self, span: Span) -> list[pr.Outcome | BaseException]:
+        """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind.
+
+        The last stretch, if flows', goes on with the flow batches that queue up meanwhile.
+        """
         out: list[pr.Outcome | BaseException] = []
-        for kind, group in itertools.groupby(items, type):
-            runner = self.flows.run if kind is FlowPush else self.spans.run
-            out += await runner(list(group))
+        groups = [(kind, list(group)) for kind, group in itertools.groupby(list(span), type)]
+        for i, (kind, group) in enumerate(groups):
+            if kind is FlowPush:
+                out += await self.flows.run(group, span if i == len(groups) - 1 else None)
+            else:
+                out += await self.spans.run(group)
         return out
 
     def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:

@@ -10,7 +10,9 @@ ends. With one partition nothing is ever coordinated and the gate is free.
 Requests that are state batches carry an item (front/spans.py). When the
 next waiting request is a coordinated one with an item, it and the requests
 with items right behind it, local or not, up to `span_limit`, run as one
-span; the requests behind them keep waiting, in order.
+span; the requests behind them keep waiting, in order. A span's runner may
+take in the requests with items that came to the head of the line meanwhile
+(`Span.more`), and answer requests before the span ends (`Span.answer`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ from typing import Any
 
 Start = Callable[[], "asyncio.Future[Any]"]
 StartCoordinated = Callable[[], Awaitable[Any]]
-SpanRunner = Callable[[list[Any]], Awaitable[list[Any]]]
-"""Runs items together; returns each one's result, or the exception it failed with, in order."""
+SpanRunner = Callable[["Span"], Awaitable[list[Any]]]
+"""Runs items together; returns each one's result, or the exception it failed with, in order
+(those it took in with `Span.more` included)."""
 
 
 @dataclass
@@ -33,6 +36,35 @@ class _Waiting:
     start: Callable[[], Any]
     fut: asyncio.Future
     item: Any = None
+
+
+class Span(list):
+    """The items of the requests a span runs, in order."""
+
+    def __init__(self, gate: Gate, waiting: list[_Waiting]) -> None:
+        super().__init__(w.item for w in waiting)
+        self._gate = gate
+        self.waiting = waiting
+        self._futures = {id(w.item): w.fut for w in waiting}
+
+    def more(self, limit: int, kind: type) -> list[Any]:
+        """Takes in the requests now first in line whose items are `kind`, up to `limit`: they join the
+        span, in order (a request without an item, or of another kind, stops it)."""
+        line = self._gate._waiting
+        taken: list[Any] = []
+        while line and len(taken) < limit and isinstance(line[0].item, kind) and not self._gate._held:
+            w = line.popleft()
+            self.waiting.append(w)
+            self._futures[id(w.item)] = w.fut
+            taken.append(w.item)
+        self.extend(taken)
+        return taken
+
+    def answer(self, item: Any, result: Any) -> None:
+        """Answers the request of `item` now (a result, or the exception it failed with)."""
+        fut = self._futures.pop(id(item), None)
+        if fut is not None:
+            _answer(fut, result)
 
 
 class Gate:
@@ -83,8 +115,9 @@ class Gate:
             span = [first]
             while self._waiting and self._waiting[0].item is not None and len(span) < self.span_limit:
                 span.append(self._waiting.popleft())
-            task = asyncio.ensure_future(self.span_runner([w.item for w in span]))
-            task.add_done_callback(lambda t: _settle(t, span))
+            running = Span(self, span)
+            task = asyncio.ensure_future(self.span_runner(running))
+            task.add_done_callback(lambda t: _settle(t, running.waiting))
         task.add_done_callback(self._release)
 
     def _release(self, _: asyncio.Future | None) -> None:
@@ -108,12 +141,16 @@ def _settle(task: asyncio.Future, span: list[_Waiting]) -> None:
                     w.fut.set_exception(task.exception())
         return
     for w, result in zip(span, task.result(), strict=True):
-        if w.fut.done():
-            continue
-        if isinstance(result, BaseException):
-            w.fut.set_exception(result)
-        else:
-            w.fut.set_result(result)
+        _answer(w.fut, result)
+
+
+def _answer(fut: asyncio.Future, result: Any) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
 
 
 def _started(start: Start) -> asyncio.Future:
