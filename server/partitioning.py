@@ -135,6 +135,14 @@ class PartitionMap:
         bins = key_hashes(values) % np.uint64(self.bins)
         return np.asarray(self.owner, dtype=np.int32)[bins.astype(np.int64)]
 
+    def sole_owner(self, values: pa.Array | pa.ChunkedArray) -> int | None:
+        """The one partition owning every key (as `owners` places them, NULL included), or None if several do."""
+        if len(values) <= SMALL and _py_hashable(values.type):
+            found = {self.owner[_py_hash(v) % self.bins] for v in values.to_pylist()}
+        else:
+            found = set(np.unique(self.owners(values)).tolist())
+        return found.pop() if len(found) == 1 else None
+
     def partitions_of(self, table: pa.Table, columns: tuple[str, ...] | list[str]) -> list[int]:
         """The partitions owning any key in `columns` of `table`, sorted.
 

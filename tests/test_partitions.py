@@ -70,6 +70,9 @@ def test_a_few_keys_hash_in_python_as_the_vectorised_hash_does(data, kind, parti
     pmap = PartitionMap.round_robin(partitions, 1024)
     expected = np.asarray(pmap.owner)[(key_hashes(pa.array(keys, arrow_type)) % np.uint64(1024)).astype(np.int64)]
     assert pmap.owners(pa.array(keys, arrow_type)).tolist() == expected.tolist()
+    sole = pmap.sole_owner(pa.array(keys, arrow_type))
+    assert sole == (int(expected[0]) if len(set(expected.tolist())) == 1 else None)
+    assert pmap.sole_owner(pa.array(keys * (SMALL + 1), arrow_type)) == sole  # the vectorised path
     present = [k for k in keys if k is not None]
     if present and kind in ("int64", "string"):
         assert pmap.owners_of(present).tolist() == expected[[k is not None for k in keys]].tolist()

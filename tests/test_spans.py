@@ -66,6 +66,13 @@ class Recorder:
         return self.gate.run_coordinated(start, name if item else None)
 
 
+def answered(value: str) -> asyncio.Future:
+    """A request that is answered at once with `value`."""
+    fut = asyncio.get_running_loop().create_future()
+    fut.set_result(value)
+    return fut
+
+
 def test_a_span_takes_the_state_batches_queued_behind_a_spanning_one():
     async def scenario() -> tuple[Recorder, list[Any]]:
         r = Recorder(limit=3)
@@ -103,17 +110,11 @@ def test_a_failed_span_fails_each_of_its_requests():
             raise RuntimeError("partition 1 died")
 
         gate = Gate(broken, 10)
-        loop = asyncio.get_running_loop()
-
-        def done(value: str) -> asyncio.Future:
-            fut = loop.create_future()
-            fut.set_result(value)
-            return fut
 
         futs = [gate.run_coordinated(lambda: asyncio.sleep(0.01))]  # holds the gate while the rest queue
         futs.append(gate.run_coordinated(lambda: asyncio.sleep(0), "a"))
-        futs.append(gate.run(lambda: done("b"), "b"))
-        futs.append(gate.run(lambda: done("c"), None))
+        futs.append(gate.run(lambda: answered("b"), "b"))
+        futs.append(gate.run(lambda: answered("c"), None))
         return await asyncio.gather(*futs, return_exceptions=True)
 
     results = asyncio.run(scenario())
@@ -136,16 +137,10 @@ def test_a_span_takes_in_the_items_that_came_to_the_head_of_the_line():
             return [f"span:{i}" for i in span]
 
         gate = Gate(runner, 10)
-        loop = asyncio.get_running_loop()
-
-        def done(value: str) -> asyncio.Future:
-            fut = loop.create_future()
-            fut.set_result(value)
-            return fut
 
         futs = [gate.run_coordinated(lambda: asyncio.sleep(0), "a")]
-        futs += [gate.run(lambda: done("local:b"), "b"), gate.run_coordinated(lambda: asyncio.sleep(0), "c")]
-        futs += [gate.run(lambda: done("local:d"), None), gate.run(lambda: done("local:e"), "e")]
+        futs += [gate.run(lambda: answered("local:b"), "b"), gate.run_coordinated(lambda: asyncio.sleep(0), "c")]
+        futs += [gate.run(lambda: answered("local:d"), None), gate.run(lambda: answered("local:e"), "e")]
         return seen, await asyncio.gather(*futs)
 
     seen, results = asyncio.run(scenario())

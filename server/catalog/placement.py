@@ -104,9 +104,10 @@ class Placement:
     event_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)  # event-keyed procedure -> its columns
     stream_keys: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Stream pushed in EVENT_KEYED mode -> the PARTITION ON columns of its consumer."""
-    flows: set[str] = field(default_factory=set)
+    flows: dict[str, bool] = field(default_factory=dict)
     """Coordinated keyed streams whose batches may run as flows (front/flows.py): their consumers are
-    partitioned by the stream's key, and what those emit is consumed on the home partition only."""
+    partitioned by the stream's key, and what those emit is consumed on the home partition only. The value:
+    a consumer is FOR EACH ROW (then only 1-row batches flow)."""
 
     def key_of_stream(self, stream: str) -> str | None:
         return self.streams.get(stream)
@@ -223,7 +224,11 @@ def derive(
             if all(not flow.consumers.get(out) for out in flow.emitted_by(consumers[0])):
                 pl.push_mode[s] = EVENT_KEYED
                 pl.stream_keys[s] = pl.event_keys[consumers[0]]
-    pl.flows = {s for s in streams if pl.push_mode[s] == COORDINATED and _flows(flow, pl, s)}
+    pl.flows = {
+        s: any(procedures[p].each_row for p in flow.consumers[s])
+        for s in streams
+        if pl.push_mode[s] == COORDINATED and _flows(flow, pl, s)
+    }
     for proc in procedures.values():
         if proc.on_stream is not None:
             continue

@@ -294,14 +294,10 @@ class Front:
 
     def _flow_owner(self, stream: str, table: pa.Table) -> int | None:
         """The partition owning all of a batch's keys, if the batch can join a flow (front/flows.py)."""
-        if table.num_rows == 0:
-            return None
-        consumers = self.catalog.consumers[stream]
-        if table.num_rows > 1 and any(self.catalog.procedures[p].each_row for p in consumers):
-            return None  # its tuples run one at a time, each with all it triggers
-        owners = self.map.owners(table.column(self.catalog.placement.streams[stream]))
-        first = int(owners[0])
-        return first if (owners == first).all() else None
+        placement = self.catalog.placement
+        if table.num_rows == 0 or (table.num_rows > 1 and placement.flows[stream]):
+            return None  # FOR EACH ROW: its tuples run one at a time, each with all it triggers
+        return self.map.sole_owner(table.column(placement.streams[stream]))
 
     async def _run_together(self, span: Span) -> list[pr.Outcome | BaseException]:
         """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind.
@@ -352,10 +348,9 @@ class Front:
             assert key is not None
             if table.num_rows == 0:
                 return HOME
-            owners = self.map.owners(table.column(key))
-            first = int(owners[0])
-            if (owners == first).all():
-                return first
+            owner = self.map.sole_owner(table.column(key))
+            if owner is not None:
+                return owner
         if mode == EVENT_KEYED:
             involved = self.map.partitions_of(table, self.catalog.placement.stream_keys[stream])
             if len(involved) <= 1:

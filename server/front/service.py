@@ -119,24 +119,26 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 "a unary Push carries one batch"
             )
         size = request.ByteSize()
-        admission = self.front.admission
         await self._admit_one(request.stream, request.producer_id, request.batch_id, size, self.front.config.push_wait)
         ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
-            fut = self._start_push(request, ack)
-        except BaseException as e:
-            admission.release(1, size)
-            if isinstance(e, StreamTxError) and not isinstance(e, FAULTS):
-                return self._rejected(ack, e)
-            raise
-        release_at_outcome(fut, admission, size)
-        try:
-            outcome = await asyncio.shield(fut)
+            outcome = await asyncio.shield(self._started(lambda: self._start_push(request, ack), size))
         except FAULTS:
             raise  # the server's failure, not the batch's: the call's status
         except StreamTxError as e:
             return self._rejected(ack, e)
         return fill_ack(ack, outcome)
+
+    def _started(self, start: Callable[[], asyncio.Future], size: int) -> asyncio.Future:
+        """Starts an admitted batch: its room goes back at its outcome, or now if it does not start."""
+        admission = self.front.admission
+        try:
+            fut = start()
+        except BaseException:
+            admission.release(1, size)
+            raise
+        release_at_outcome(fut, admission, size)
+        return fut
 
     async def _admit_one(self, stream: str, producer: str, batch_id: int, size: int, wait: float | None) -> None:
         """Waits up to `wait` seconds (None: as long as it takes) for room; else Overloaded.
@@ -432,12 +434,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 self._taken.popitem(last=False)
         ack = pb.PushAck(stream=stream, producer_id=producer, batch_id=batch_id, rows=table.num_rows)
         await self._admit_one(stream, producer, batch_id, 0, None)  # its rows count in --staging-max-bytes
-        try:
-            fut = front.push(stream, producer, batch_id, table)
-        except BaseException:
-            front.admission.release(1, 0)
-            raise
-        release_at_outcome(fut, front.admission, 0)
+        fut = self._started(lambda: front.push(stream, producer, batch_id, table), 0)
         try:
             outcome = await asyncio.shield(fut)
         except StreamTxError:
