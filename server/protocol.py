@@ -188,7 +188,8 @@ class Flow(Command):
     entry emitted. A flow sends its batches in steps, each a stage message;
     a partition runs all of a flow's steps in one transaction, and answers a
     step that comes after it cut the flow with `cut` 0, running nothing.
-    `items`: [stream, producer, batch id, ts, streams] per batch,
+    `items`: [stream, producer, batch id, ts, streams] per batch (per row, for a FOR EACH ROW batch:
+    its rows follow each other, all in one step),
     `streams` None for a batch taken whole (relation: its rows), else the
     streams its entry emitted (relations: their tuples, in that order); the
     relations travel grouped (`ipc.join_grouped`: `order`, `runs`). Replies `FlowRan`.

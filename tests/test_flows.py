@@ -10,6 +10,8 @@ in the outcomes of the same batches at P = 1, and in the tables of a plain
 sequential model, on servers that run flows (opchain at P = 2, flows of 7 and
 of 500 batches, at most) and one that coordinates each batch (serial, P = 2).
 Re-sent batches get DUPLICATE with the first outcome and change nothing.
+The same with `take` FOR EACH ROW: a batch's rows, on either partition, run
+one by one, each through the whole dataflow before the next.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ CREATE PROCEDURE wipe ON STREAM wiped AS BEGIN
 END;
 """
 
+EACH_ROW = SCRIPT.replace("ON STREAM inp AS", "ON STREAM inp FOR EACH ROW AS")
+
 SERVERS = {  # name: (partitions, executor, interval size)
     "P1": (1, "opchain", 500),
     "P2-flows-500": (2, "opchain", 500),
@@ -75,11 +79,13 @@ def servers(tmp_path_factory) -> Iterator[dict[str, EmbeddedServer]]:
             srv.close()
 
 
-def model(batches: list[list[tuple[int, int]]]) -> tuple[list[tuple[int, int]], tuple[int, int]]:
-    """The dataflow one batch at a time: `items` rows and (n, s) of `totals`."""
+def model(
+    batches: list[list[tuple[int, int]]], each_row: bool = False
+) -> tuple[list[tuple[int, int]], tuple[int, int]]:
+    """The dataflow one batch (FOR EACH ROW: one row) at a time: `items` rows and (n, s) of `totals`."""
     items: dict[int, int] = {}
     n = s = 0
-    for rows in batches:
+    for rows in [[r] for b in batches for r in b] if each_row else batches:
         for k, v in rows:
             items[k] = items.get(k, 0) + v
         if min(v for _, v in rows) < 0:
@@ -95,11 +101,13 @@ def table(rows: list[tuple[int, int]]) -> pa.Table:
     return pa.table({"k": pa.array([k for k, _ in rows], pa.int64()), "v": pa.array([v for _, v in rows], pa.int64())})
 
 
-def run(srv: EmbeddedServer, batches: list[list[tuple[int, int]]]) -> tuple[list[tuple], list, list]:
+def run(
+    srv: EmbeddedServer, batches: list[list[tuple[int, int]]], script: str = SCRIPT
+) -> tuple[list[tuple], list, list]:
     """Deploys afresh, pushes the batches pipelined, re-sends them all; acks, re-send acks and tables."""
     with Client(srv.target, max_in_flight=256, producer_id="flows") as c:
         drop_all(c)
-        c.deploy(SCRIPT)
+        c.deploy(script)
         c.call("setup")
         acks = [f.result() for f in [c.push("inp", table(b), batch_id=i) for i, b in enumerate(batches, 1)]]
         again = [f.result() for f in [c.push("inp", table(b), batch_id=i) for i, b in enumerate(batches, 1)]]
@@ -143,3 +151,25 @@ def test_flows_are_taken_and_cut_where_the_dataflow_leaves_home(servers):
         assert counters.get("flows", 0) > 10, counters
         assert counters.get("flows_cut", 0) > 0, counters
     assert sum(1 for _, _, reason in p1_acks if "negative value" in reason) > 0
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(rows, min_size=1, max_size=4), min_size=1, max_size=60))
+def test_for_each_row_flows_give_the_outcomes_and_tables_of_one_partition(servers, batches):
+    """Rows of any keys: a batch's rows run in its flow on both partitions, one at a time."""
+    items, totals = model(batches, each_row=True)
+    results = {name: run(srv, batches, EACH_ROW) for name, srv in servers.items()}
+    for name, (acks, got_items, (got_totals, _)) in results.items():
+        assert got_items == items, name
+        assert got_totals == totals, name
+        assert acks == results["P1"][0], name
+
+
+def test_for_each_row_batches_spanning_partitions_run_in_flows(servers):
+    batches = [[((i * 3 + r) % 16, (i * 5 + r) % 23 - 1) for r in range(3)] for i in range(200)]
+    items, totals = model(batches, each_row=True)
+    p1_acks = run(servers["P1"], batches, EACH_ROW)[0]
+    acks, got_items, (got_totals, counters) = run(servers["P2-flows-500"], batches, EACH_ROW)
+    assert (acks, got_items, got_totals) == (p1_acks, items, totals)
+    assert counters.get("flow_batches", 0) > 100, counters
+    assert counters.get("flows_cut", 0) > 0, counters

@@ -152,6 +152,12 @@ def test_a_stream_with_a_for_each_row_consumer_is_taken_one_tuple_at_a_time_by_a
         (2, "all,one", "2,20"),
         (2, "all,one", "3,30"),
     ]
+    for x in (4, 5):  # one row a batch, on either partition: both consumers' output reaches `tally` together
+        assert c.push("s3", rows([(b if x == 4 else a, x)])).result().outcome == "committed"
+    assert c.query("SELECT n, srcs, xs FROM runs WHERE xs > '4' ORDER BY xs").fetchall() == [
+        (2, "all,one", "4,40"),
+        (2, "all,one", "5,50"),
+    ]
 
 
 FAN = """

@@ -33,6 +33,11 @@ flow runs inside this one's transaction), and the next flow's decision waits
 until this one's DONE is on its way to home, so DONE records are logged in
 flow order and a flow is never recovered without the ones before it.
 
+A batch whose entry procedure is FOR EACH ROW runs row by row, each row
+with everything it triggers before the next: in a flow its rows are items
+of their own, each on its key's partition, so such a batch may span
+partitions; a step never splits a batch, and the batch commits with its flow.
+
 A batch's outcome is the one it would have alone: its entry's outcome (the
 entry partition answers DUPLICATE for a re-sent batch, and keeps its mark),
 with the TEs and stored streams of its rest added.
@@ -77,8 +82,27 @@ class FlowPush:
     batch_id: int
     ts: int
     table: pa.Table
-    owner: int
+    owners: tuple[int, ...]  # one: the partition of all its keys; else each row's (FOR EACH ROW: a row each)
     alone: Callable[[], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class _Item:
+    """What a flow's stages run as one: a batch, or one row of a FOR EACH ROW batch (its rows go one by one)."""
+
+    at: int  # its batch's index in the flow
+    owner: int
+    table: pa.Table
+
+
+def _items(pushes: list[FlowPush]) -> list[_Item]:
+    out: list[_Item] = []
+    for i, p in enumerate(pushes):
+        if len(p.owners) == 1:
+            out.append(_Item(i, p.owners[0], p.table))
+        else:
+            out += [_Item(i, owner, p.table.slice(r, 1)) for r, owner in enumerate(p.owners)]
+    return out
 
 
 @dataclass(eq=False)
@@ -199,14 +223,15 @@ class Flows:
             replies.append(_stage(front, part, name, items, epoch, first))
             return replies[-1]
 
-        steps = _steps(len(pushes))
+        items = _items(pushes)
+        steps = _steps(items)
 
         def entry(step: range) -> list[tuple[list[int], asyncio.Future]]:
             owners: dict[int, list[int]] = {}
-            for i in step:
-                if pushes[i].owner != HOME:
-                    owners.setdefault(pushes[i].owner, []).append(i)
-            return [(ix, stage(p, "entry", [_whole(pushes[i]) for i in ix])) for p, ix in owners.items()]
+            for j in step:
+                if items[j].owner != HOME:
+                    owners.setdefault(items[j].owner, []).append(j)
+            return [(ix, stage(p, "entry", [_whole(pushes, items[j]) for j in ix])) for p, ix in owners.items()]
 
         entry_steps = [entry(step) for step in steps[:LOOKAHEAD]]
         entries: dict[int, tuple[Outcome, dict[str, pa.Table]]] = {}
@@ -221,7 +246,7 @@ class Flows:
                 for idx, reply in entry_steps[k]:
                     ran, tables = checked(await reply)
                     if ran.cut is not None:
-                        cuts.append(idx[ran.cut])
+                        cuts.append(items[idx[ran.cut]].at)
                         continue
                     emitted = split_grouped(ran.order, ran.runs, tables)
                     for i, outcome, streams in zip(idx, ran.outcomes, ran.emitted, strict=True):
@@ -229,14 +254,14 @@ class Flows:
                         emitted = emitted[len(streams) :]
                 if cuts:
                     break
-                rest, at_home = _rest(pushes, step, entries)
+                rest, at_home = _rest(pushes, items, step, entries)
                 if rest:
                     rests.append((at_home, stage(HOME, "rest", rest)))
             homes: dict[int, Outcome] = {}
             for at_home, reply in rests:
                 ran, _ = checked(await reply)
                 if ran.cut is not None:
-                    cuts.append(at_home[ran.cut])
+                    cuts.append(items[at_home[ran.cut]].at)
                 else:
                     homes.update(zip(at_home, ran.outcomes, strict=True))
         finally:  # every step answered before the decision (a failed one fails the flow)
@@ -258,7 +283,11 @@ class Flows:
             run.logged.set()
         if done is not None:  # durable on the home partition: recovery replays the flow's stages everywhere
             checked(await done)
-        outcomes = [_joined(entries[i][0] if i in entries else None, homes.get(i)) for i in range(len(pushes))]
+        parts: list[list[Outcome]] = [[] for _ in pushes]
+        for j, item in enumerate(items):
+            parts[item.at] += [entries[j][0]] if j in entries else []
+            parts[item.at] += [homes[j]] if j in homes else []
+        outcomes = [_joined(p) for p in parts]
         front.counters["flows"] += 1
         front.counters["flow_batches"] += len(pushes)
         for o in outcomes:
@@ -268,9 +297,17 @@ class Flows:
         return outcomes, None
 
 
-def _steps(n: int) -> list[range]:
-    """The flow's batches in steps: a short first one, so that home starts early, then `STEP` each."""
-    bounds = [0, *range(min(FIRST_STEP, n), n, STEP), n]
+def _steps(items: list[_Item]) -> list[range]:
+    """The flow's items in steps: a short first one, so that home starts early, then `STEP` each.
+
+    A step ends only between batches, so a FOR EACH ROW batch's rows reach each partition in one message.
+    """
+    bounds, size = [0], FIRST_STEP
+    for j in range(1, len(items)):
+        if j - bounds[-1] >= size and items[j].at != items[j - 1].at:
+            bounds.append(j)
+            size = STEP
+    bounds.append(len(items))
     return [range(a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
@@ -283,27 +320,29 @@ def _cut(reply: asyncio.Future) -> bool:
 
 
 def _rest(
-    pushes: list[FlowPush], step: range, entries: dict[int, tuple[Outcome, dict[str, pa.Table]]]
+    pushes: list[FlowPush], items: list[_Item], step: range, entries: dict[int, tuple[Outcome, dict[str, pa.Table]]]
 ) -> tuple[list[tuple[list[Any], list[pa.Table]]], list[int]]:
-    """A step's items for home: the batches it owns whole, and the rest of the others that emitted something."""
+    """A step's items for home: those it owns whole, and the rest of the others that emitted something."""
     rest: list[tuple[list[Any], list[pa.Table]]] = []
     at_home: list[int] = []
-    for i in step:
-        p = pushes[i]
-        if p.owner == HOME:
-            rest.append(_whole(p))
+    for j in step:
+        item = items[j]
+        if item.owner == HOME:
+            rest.append(_whole(pushes, item))
         else:
-            outcome, streams = entries[i]
+            outcome, streams = entries[j]
             if outcome.outcome != "committed" or not streams:
                 continue
+            p = pushes[item.at]
             names = sorted(streams)
             rest.append(([p.stream, p.producer, p.batch_id, p.ts, names], [streams[s] for s in names]))
-        at_home.append(i)
+        at_home.append(j)
     return rest, at_home
 
 
-def _whole(p: FlowPush) -> tuple[list[Any], list[pa.Table]]:
-    return [p.stream, p.producer, p.batch_id, p.ts, None], [p.table]
+def _whole(pushes: list[FlowPush], item: _Item) -> tuple[list[Any], list[pa.Table]]:
+    p = pushes[item.at]
+    return [p.stream, p.producer, p.batch_id, p.ts, None], [item.table]
 
 
 def _stage(
@@ -317,16 +356,15 @@ def _stage(
     return front.partitions[part].send(command, joined)
 
 
-def _joined(entry: Outcome | None, rest: Outcome | None) -> Outcome:
-    """A batch's outcome from its two stages (one of them alone if it ran on home, or went no further)."""
-    if entry is None or rest is None:
-        outcome = entry or rest
-        assert outcome is not None
-        return outcome
+def _joined(parts: list[Outcome]) -> Outcome:
+    """A batch's outcome from its items' stages: a DUPLICATE as its entry found it, else all they ran."""
+    unlike = [o for o in parts if o.outcome != "committed"]  # every partition holds a batch's mark: all or none
+    if len(parts) == 1 or unlike:
+        return (unlike or parts)[0]
     return Outcome(
         "committed",
-        entry.ts,
-        tes=entry.tes + rest.tes,
-        emitted=entry.emitted | rest.emitted,
-        aborted_tes=entry.aborted_tes + rest.aborted_tes,
+        parts[0].ts,
+        tes=sum(o.tes for o in parts),
+        emitted=set().union(*(o.emitted for o in parts)),
+        aborted_tes=[a for o in parts for a in o.aborted_tes],
     )

@@ -285,19 +285,24 @@ class Front:
             alone = coordinated if target is None else local
             item = SpanPush(stream, producer, batch_id, ts, table, procedure, tuple(sorted(set(involved))), alone)
         elif self.gate.span_runner is not None and target is None and stream in self.catalog.placement.flows:
-            owner = self._flow_owner(stream, table)
-            if owner is not None:
-                item = FlowPush(stream, producer, batch_id, ts, table, owner, coordinated)
+            owners = self._flow_owners(stream, table)
+            if owners is not None:
+                item = FlowPush(stream, producer, batch_id, ts, table, owners, coordinated)
         if target is None:
             return self.gate.run_coordinated(coordinated, item)
         return self.gate.run(local, item)
 
-    def _flow_owner(self, stream: str, table: pa.Table) -> int | None:
-        """The partition owning all of a batch's keys, if the batch can join a flow (front/flows.py)."""
+    def _flow_owners(self, stream: str, table: pa.Table) -> tuple[int, ...] | None:
+        """Where a batch's entry runs, if it can join a flow (front/flows.py): the partition owning all its
+        keys, or, FOR EACH ROW (its tuples run one at a time, each with all it triggers), each row's."""
         placement = self.catalog.placement
-        if table.num_rows == 0 or (table.num_rows > 1 and placement.flows[stream]):
-            return None  # FOR EACH ROW: its tuples run one at a time, each with all it triggers
-        return self.map.sole_owner(table.column(placement.streams[stream]))
+        if table.num_rows == 0:
+            return None
+        keys = table.column(placement.streams[stream])
+        if table.num_rows > 1 and placement.flows[stream]:
+            return tuple(int(p) for p in self.map.owners(keys))
+        owner = self.map.sole_owner(keys)
+        return None if owner is None else (owner,)
 
     async def _run_together(self, span: Span) -> list[pr.Outcome | BaseException]:
         """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind.

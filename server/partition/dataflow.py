@@ -569,7 +569,8 @@ class Dataflow:
         except BaseException:
             self._rollback(saved)
             raise
-        self._commit_flow([flow], ts)
+        # its clock goes to its own last batch: a flow's later steps have records of their own
+        self._commit_flow([flow], max(i.push.ts for i in flow.items))
 
     def _flow(self, flow: _Flow, within: dict[Mark, int]) -> int | None:
         """The step's batches in order, inside the open transaction; the index of the batch that cuts it, if one.
@@ -578,6 +579,7 @@ class Dataflow:
         """
         eng = self.engine
         taken: list[Taken] = []
+        dups: dict[int, Outcome | None] = {}  # by ts: a FOR EACH ROW batch's rows come as items of one step
         try:
             if eng.executor == "opchain":
                 self._prepare(flow.prepared())
@@ -586,7 +588,10 @@ class Dataflow:
                 run = _Run(self, p.ts)
                 run.stage = flow.stage
                 if item.streams is None:
-                    dup = self._duplicate(p.producer, p.stream, p.batch_id, within.get((p.producer, p.stream), 0))
+                    if p.ts not in dups:
+                        last = within.get((p.producer, p.stream), 0)
+                        dups[p.ts] = self._duplicate(p.producer, p.stream, p.batch_id, last)
+                    dup = dups[p.ts]
                     if dup is not None:
                         flow.outcomes.append(dup)
                         flow.emitted.append({})
@@ -601,7 +606,7 @@ class Dataflow:
                 flow.outcomes.append(run.finish(flow.keep))
                 flow.emitted.append(run.outputs)
                 flow.runs.append(run)
-                if item.streams is None:
+                if item.streams is None and (not taken or taken[-1][3] != p.ts):
                     taken.append((p.producer, p.stream, p.batch_id, p.ts))
                     within[(p.producer, p.stream)] = p.batch_id
         finally:
@@ -712,6 +717,7 @@ class Dataflow:
         consumers: dict[str, tuple[str, StateProcedure] | None] = {}
         taken: list[tuple[Push, str, StateProcedure]] = []
         by_stream: dict[str, list[pa.Table]] = {}
+        shared = _shared_ts(pushes)
         for p in pushes:
             if p.stream not in consumers:
                 consumers[p.stream] = self._state_consumer(p.stream)
@@ -719,7 +725,7 @@ class Dataflow:
             if consumer is not None and (p.batch.num_rows < 2 or not eng.catalog.procedures[consumer[0]].each_row):
                 taken.append((p, *consumer))
                 by_stream.setdefault(p.stream, []).append(p.batch)
-        self._prefetch_sql(pushes)
+        self._prefetch_sql(pushes, shared)
         rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
         events: list[Event] = []
         for p, name, fn in taken:
@@ -730,14 +736,17 @@ class Dataflow:
                     fn.pre_process(ev)
             except Exception:
                 continue
-            eng.prepared[(ts, name)] = prepared
+            if ts not in shared:  # else each TE prepares its own: they are looked up by timestamp
+                eng.prepared[(ts, name)] = prepared
             events += prepared
         eng.state.load_for(events)
         eng.prepared_epoch = eng.state.ws.epoch
 
-    def _prefetch_sql(self, pushes: list[Push]) -> None:
+    def _prefetch_sql(self, pushes: list[Push], shared: set[int]) -> None:
         """Loads, for the whole interval at once, the rows the SQL procedures' compiled statements will look up
-        by keys their batches hold (TStream's step 2 for SQL: one query per table, not one per batch)."""
+        by keys their batches hold (TStream's step 2 for SQL: one query per table, not one per batch).
+
+        `shared`: timestamps of several pushes (a flow's FOR EACH ROW rows), whose rows are not kept by ts."""
         eng = self.engine
         cat = eng.catalog
         wanted: dict[str, list[Any]] = {}
@@ -752,7 +761,9 @@ class Dataflow:
             if not lookups:
                 continue
             params = dict.fromkeys(TS_PARAMS, p.ts)
-            rows = self.push_rows[p.ts] = table_rows(p.batch)
+            rows = table_rows(p.batch)
+            if p.ts not in shared:
+                self.push_rows[p.ts] = rows
             for row in rows:
                 for table, key in lookups:
                     try:
@@ -795,6 +806,15 @@ class Dataflow:
             tx.run_python(self.engine.python_code(proc.python))
         else:  # the batch is registered for DuckDB only if a statement runs there (Transaction._run)
             tx.run_plan(tx.statements_of(procedure))
+
+
+def _shared_ts(pushes: list[Push]) -> set[int]:
+    """Timestamps that several of the pushes carry: the rows of one FOR EACH ROW batch, items of a flow."""
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for p in pushes:
+        (shared if p.ts in seen else seen).add(p.ts)
+    return shared
 
 
 class _Cascade(Exception):
@@ -848,7 +868,9 @@ class _Run:
     def finish(self, keep: dict[str, list[int]]) -> Outcome:
         """After the commit: notes the output batches to keep for subscribers in `keep`."""
         for stream in sorted(self.stored):
-            keep.setdefault(stream, []).append(self.ts)
+            kept = keep.setdefault(stream, [])
+            if not kept or kept[-1] != self.ts:  # a FOR EACH ROW batch's rows in a flow: one ts, several runs
+                kept.append(self.ts)
             self.out.emitted.add(stream)
         return self.out
 
@@ -951,7 +973,8 @@ class _Run:
             if known is not None and known[0] is rows:
                 self.values[stream] = known
             if self.stage == "entry" and self.eng.catalog.consumers.get(stream):
-                self.outputs[stream] = rows
+                before = self.outputs.get(stream)  # the entry unit's TEs may emit to one stream, in their order
+                self.outputs[stream] = rows if before is None else pa.concat_tables([before, rows])
             self.schedule.emitted(unit, stream, rows)
 
 
