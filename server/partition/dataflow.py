@@ -151,6 +151,7 @@ class Dataflow:
         self._open_flows: list[_Flow] = []  # the open flow's steps, if the open transaction is one
         self._open_epoch: int | None = None  # the open flow's first timestamp
         self._open_within: dict[Mark, int] = {}  # the marks its steps took
+        self._open_checked = 0  # the open flow's writes its steps' `end_interval` checked already
 
     # ------------------------------------------------------------- commands
     def run_pushes(self, pushes: list[Push]) -> list[Outcome | StreamTxError]:
@@ -533,10 +534,12 @@ class Dataflow:
             self._open_windows = eng.windows.snapshot()
             eng.begin()
             self._open, self._open_epoch, self._open_flows, self._open_within = True, c.epoch, [], {}
+            self._open_checked = 0
         try:
             cut = self._flow(flow, self._open_within)
             if cut is None:  # what might not fit is written now, so that the commit cannot fail
-                eng.state.end_interval()
+                eng.state.end_interval(self._open_checked)
+                self._open_checked = len(eng.state.ws.undo or ())
         except duckdb.Error:  # rows a constraint refuses at the write-back: the first batch runs alone
             cut = 0
         except BaseException:

@@ -26,6 +26,7 @@ commit, as before, so a constraint it breaks still aborts that interval.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import operator
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -669,8 +670,9 @@ class StateStore:
         """`write_back` as the end of a TE: rows a constraint refuses abort it, as its own statement would."""
         try:
             self.write_back()
-        except duckdb.Error as e:
-            raise Aborted(f"procedure {procedure}: {type(e).__name__}: {e}") from None
+        except duckdb.Error as e:  # without DuckDB's quote of the write-back statement: the server's, not the TE's
+            message = str(e).split("\n\nLINE ", 1)[0]
+            raise Aborted(f"procedure {procedure}: {type(e).__name__}: {message}") from None
 
     def _delete(self, table: str, keys: list[Any]) -> None:
         """Rows deleted in the working set (a compiled DELETE), deleted in DuckDB: one statement."""
@@ -801,11 +803,13 @@ class StateStore:
         ).fetchone()
         return row[0] if row is not None else None
 
-    def end_interval(self) -> None:
+    def end_interval(self, since: int = 0) -> None:
         """An opchain interval's commit: what certainly fits stays held back; the rest is written now.
 
         Only the rows this interval wrote are checked (the others were when
-        their own interval committed). Past `DEFER_MAX` held-back rows and
+        their own interval committed); `since`: only those written after that
+        many writes of the open transaction (a flow checks each step's own,
+        not all its steps' again). Past `DEFER_MAX` held-back rows and
         outputs, or with a table cached beyond `CACHED_ROWS`, everything is
         written, so memory stays bounded.
         """
@@ -818,7 +822,7 @@ class StateStore:
             return
         table_of = {id(have): t for t, have in ws.rows.items()}
         written: dict[str, set[Any]] = {}
-        for have, key, _, _ in ws.undo:
+        for have, key, _, _ in itertools.islice(ws.undo, since, None):
             table = table_of.get(id(have))
             if table is not None:
                 keys = written.get(table)

@@ -208,7 +208,7 @@ class Transaction(Tx):
         for stream, rows_out in out.items():
             self.emit_state_rows(stream, rows_out)
         if eng.executor == "serial":
-            state.write_back()
+            state.write_back_in(self.procedure)
             ws.clear()
 
     def emit_state_rows(self, stream: str, rows: list[Row]) -> None:
