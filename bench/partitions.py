@@ -16,8 +16,9 @@ for several rounds; each configuration reports its median round:
   TE by TE with two-phase commit, holding every partition meanwhile.
 - **voter** (procedures/voter, WORKLOADS.md section 1) at P = 1 and P = 2, the
   SQL dataflow in 100-vote batches. Its vote procedure runs on the partition of
-  each phone and its leaderboard on the home partition, and a 100-vote batch
-  holds phones of both partitions, so at P = 2 every batch is coordinated.
+  each phone and its leaderboard on the home partition; `vote` is FOR EACH ROW,
+  so at P = 2 a 100-vote batch, which holds phones of both partitions, runs in
+  a flow row by row (front/flows.py), after untimed 1-vote warm-up votes.
 - **voter-1**: the same SQL dataflow in 1-vote batches, and **voter-state**:
   the voter as state procedures (procedures/voter/state.sql, the `opchain`
   executor's workload) in 1-vote batches, as a user who starts the server with
@@ -80,7 +81,7 @@ SENSORS = 100_000
 BATCH_ROWS = 4_000
 FULL_BATCHES, QUICK_BATCHES = 240, 40
 VOTER_BATCH = 100
-FULL_VOTER_BATCHES, QUICK_VOTER_BATCHES = 40, 10
+FULL_VOTER_BATCHES, QUICK_VOTER_BATCHES = 100, 10
 FULL_STATE_VOTES, QUICK_STATE_VOTES = 10_000, 1_000  # 1-vote batches
 STATE_WARMUP, QUICK_STATE_WARMUP = 500, 200
 STATE_MAX_IN_FLIGHT = 1_024
@@ -471,7 +472,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                     seed = 1_000 * r + round(cfg.spanning_share * 100)
                     inputs.append(sensor_input(cfg, args.batch_rows, sensor_count, args.sensors, seed))
                 elif cfg.workload == "voter":
-                    inputs.append(voter_input(voter_count, seed=11 + r))
+                    inputs.append(voter_input(voter_count, seed=11 + r, warmup=state_warmup))
                 else:
                     count = state_votes if cfg.workload == "voter-state" else sql_votes
                     inputs.append(voter_input(count, seed=31 + r, size=1, warmup=state_warmup))

@@ -123,16 +123,12 @@ def test_bench_partitions_quick(tmp_path, capsys):
         assert c["coordinated_batches"] == round(c["batches"] * c["spanning_share"])
         if c["partitions"] == 2:
             assert c["vs_all_local"] > 0
-    voter = {c["partitions"]: c for c in configs if c["workload"] == "voter"}
-    assert voter[1]["coordinated_batches"] == 0
-    assert voter[2]["coordinated_batches"] == voter[2]["batches"]  # single tables: every batch is coordinated
-    assert voter[2]["vs_p1"] > 0
-    for workload in ("voter-1", "voter-state"):  # 1-vote batches: at P = 2 nearly all run in flows
-        one_vote = {c["partitions"]: c for c in configs if c["workload"] == workload}
-        assert one_vote[1]["batch_rows"] == 1 and one_vote[1]["coordinated_batches"] == 0
-        assert one_vote[1]["flow_batches"] == 0
-        assert one_vote[2]["flow_batches"] > one_vote[2]["batches"] // 2 and one_vote[2]["flows"] > 0
-        assert one_vote[2]["vs_p1"] > 0
+    for workload in ("voter", "voter-1", "voter-state"):  # at P = 2 nearly all run in flows (100 votes: row by row)
+        pair = {c["partitions"]: c for c in configs if c["workload"] == workload}
+        assert pair[1]["batch_rows"] == (100 if workload == "voter" else 1)
+        assert pair[1]["coordinated_batches"] == 0 and pair[1]["flow_batches"] == 0
+        assert pair[2]["flow_batches"] > pair[2]["batches"] // 2 and pair[2]["flows"] > 0
+        assert pair[2]["vs_p1"] > 0
 
     ratios = [x for x in lines if "ratio" in x]
     assert len(ratios) == 4 and lines[-4:] == ratios  # the ratio lines come last
