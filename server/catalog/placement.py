@@ -107,7 +107,7 @@ class Placement:
     flows: dict[str, bool] = field(default_factory=dict)
     """Coordinated keyed streams whose batches may run as flows (front/flows.py): their consumers are
     partitioned by the stream's key, and what those emit is consumed on the home partition only. The value:
-    a consumer is FOR EACH ROW (then only 1-row batches flow)."""
+    a consumer is FOR EACH ROW (then a batch flows row by row, each row on its key's partition)."""
 
     def key_of_stream(self, stream: str) -> str | None:
         return self.streams.get(stream)

@@ -300,7 +300,7 @@ class Front:
             return None
         keys = table.column(placement.streams[stream])
         if table.num_rows > 1 and placement.flows[stream]:
-            return tuple(int(p) for p in self.map.owners(keys))
+            return tuple(self.map.owners(keys).tolist())
         owner = self.map.sole_owner(keys)
         return None if owner is None else (owner,)
 

@@ -26,7 +26,6 @@ commit, as before, so a constraint it breaks still aborts that interval.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import operator
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -822,7 +821,7 @@ class StateStore:
             return
         table_of = {id(have): t for t, have in ws.rows.items()}
         written: dict[str, set[Any]] = {}
-        for have, key, _, _ in itertools.islice(ws.undo, since, None):
+        for have, key, _, _ in ws.undo[since:] if since else ws.undo:
             table = table_of.get(id(have))
             if table is not None:
                 keys = written.get(table)
