@@ -55,6 +55,16 @@ _INT_RANGES = {
     pa.uint32(): (0, 2**32 - 1),
     pa.uint64(): (0, 2**63 - 1),  # what inference reads as int64: larger ints take the general path
 }
+_SQL_INT_RANGES = {
+    "TINYINT": _INT_RANGES[pa.int8()],
+    "SMALLINT": _INT_RANGES[pa.int16()],
+    "INTEGER": _INT_RANGES[pa.int32()],
+    "BIGINT": _INT_RANGES[pa.int64()],
+    "UTINYINT": _INT_RANGES[pa.uint8()],
+    "USMALLINT": _INT_RANGES[pa.uint16()],
+    "UINTEGER": _INT_RANGES[pa.uint32()],
+    "UBIGINT": (0, 2**64 - 1),
+}
 _PY_TYPES = {pa.string(): str, pa.large_string(): str, pa.bool_(): bool, pa.float64(): float}
 _Kind = tuple[type, int | None, int | None]
 """A column's exact Python type and, for integers, its range."""
@@ -346,6 +356,7 @@ class StateStore:
         self.keys: dict[str, str] = {}  # table -> its one-column primary key
         self.key_columns: dict[str, tuple[str, ...]] = {}  # table -> its primary key columns (compiled SQL)
         self.columns: dict[str, list[str]] = {}
+        self.int_columns: dict[str, list[tuple[str, str]]] = {}  # table -> its integer columns and their SQL types
         self.checks: dict[str, TableCheck] = {}  # tables whose rows may wait in the working set
         self.index = KeyIndex()
         # retained-stream tuples (tables, or row values of the stream's shape), marks and trims not yet in DuckDB
@@ -378,14 +389,17 @@ class StateStore:
             if t is not None
         }
         not_null: dict[str, set[str]] = {}
-        for t, name, nullable, generated in con.execute(
-            "SELECT table_name, column_name, is_nullable, is_generated FROM duckdb_columns() "
+        self.int_columns = {}
+        for t, name, nullable, generated, sql_type in con.execute(
+            "SELECT table_name, column_name, is_nullable, is_generated, data_type FROM duckdb_columns() "
             "WHERE schema_name = 'main' AND NOT internal"
         ).fetchall():
             if generated:
                 constrained.add(t)
             if not nullable:
                 not_null.setdefault(t, set()).add(name)
+            if sql_type in _SQL_INT_RANGES:
+                self.int_columns.setdefault(t, []).append((name, sql_type))
         self.checks = {}
         kinds: dict[str, tuple[type, ...]] = {}
         for t, pk in self.key_columns.items():
@@ -670,8 +684,32 @@ class StateStore:
         try:
             self.write_back()
         except duckdb.Error as e:  # without DuckDB's quote of the write-back statement: the server's, not the TE's
-            message = str(e).split("\n\nLINE ", 1)[0]
+            message = self._out_of_range() or str(e).split("\n\nLINE ", 1)[0]
             raise Aborted(f"procedure {procedure}: {type(e).__name__}: {message}") from None
+
+    def _out_of_range(self) -> str | None:
+        """The first held integer an integer column cannot store, in the server's words.
+
+        DuckDB names the cast it planned, which differs with the statement the
+        write-back chose (an INSERT of a relation, an UPDATE with parameters):
+        the same TE would abort with two reasons under two executors.
+        """
+        ws = self.ws
+        for table, dirty in ws.dirty.items():
+            ints = self.int_columns.get(table)
+            if not ints:
+                continue
+            have = ws.rows[table]
+            for key in dirty:
+                row = have[key]
+                if type(row) is not dict:
+                    continue
+                for column, sql_type in ints:
+                    v = row.get(column)
+                    lo, hi = _SQL_INT_RANGES[sql_type]
+                    if type(v) is int and not lo <= v <= hi:
+                        return f"value {v} of {table}.{column} is out of range for {sql_type}"
+        return None
 
     def _delete(self, table: str, keys: list[Any]) -> None:
         """Rows deleted in the working set (a compiled DELETE), deleted in DuckDB: one statement."""
