@@ -129,7 +129,7 @@ class Harness:
         sqltree.check_size(script, "deploy")
         new, created, dropped, ddl = self.catalog.deploy(script, self.loader.resolve)
         self.engine.state.sync()
-        self.engine.install(new.to_json(), ddl)
+        self.engine.install(new, ddl)
         self.catalog = new
         self.dispatched = {key: b for key, b in self.dispatched.items() if key[1] in new.streams}
         return DeployResult(created=created, dropped=dropped)

@@ -47,7 +47,7 @@ def test_a_resent_batch_gets_its_original_timestamp_within_the_history(
     monkeypatch.setattr(state, "TAKEN_HISTORY", 10)
     eng = Engine(0, ProcedureLoader(tmp_path), executor=executor)
     new, _, _, ddl = Catalog().deploy(SCRIPT, eng.loader.resolve)
-    eng.install(new.to_json(), ddl)
+    eng.install(new, ddl)
     flow = Dataflow(eng)
     ts = 100
     for batch_id in range(1, 31):  # another producer between each, so no two timestamps are consecutive

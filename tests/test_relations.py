@@ -19,7 +19,7 @@ def eng():
     loader = ProcedureLoader(default_procedures_path())
     eng = Engine(0, loader)
     new, _, _, ddl = Catalog().deploy("CREATE STREAM s (a BIGINT, b VARCHAR);", loader.resolve)
-    eng.install(new.to_json(), ddl)
+    eng.install(new, ddl)
     yield eng
     eng.con.close()
 
@@ -54,6 +54,6 @@ def test_a_bind_in_a_rolled_back_transaction_leaves_the_name_bound(eng):
 
 def test_a_deploy_binds_the_new_streams(eng):
     new, _, _, ddl = eng.catalog.deploy("CREATE STREAM t (c BIGINT);", eng.loader.resolve)
-    eng.install(new.to_json(), ddl)
+    eng.install(new, ddl)
     eng.relations.bind(batch_relation("t"), pa.table({"c": pa.array([5], pa.int16())}))
     assert eng.con.execute(f'SELECT c, typeof(c) FROM "{batch_relation("t")}"').fetchall() == [(5, "BIGINT")]

@@ -135,7 +135,7 @@ def test_write_back_takes_every_way_to_the_same_table():
     eng = Engine(0, loader)
     script = "CREATE TABLE t (k BIGINT PRIMARY KEY, v VARCHAR, l INTEGER[]);"
     new, _, _, ddl = Catalog().deploy(script, loader.resolve)
-    eng.install(new.to_json(), ddl)
+    eng.install(new, ddl)
     eng.con.execute("INSERT INTO t VALUES (1, 'one', [1]), (2, 'two', [])")
     state, ws = eng.state, eng.state.ws
     expected = {1: ("one", [1]), 2: ("two", [])}

@@ -44,7 +44,7 @@ def begin(engine: Engine, lsn: int, ts: int) -> tuple[Snapshot, dict[str, Any]]:
 def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) -> None:
     meta = ckpt.meta
     catalog = Catalog.from_json(meta["catalog"], engine.loader.resolve)
-    engine.install(meta["catalog"], [s.sql for s in create_statements(catalog.relations())], meta["map"])
+    engine.install(catalog, [s.sql for s in create_statements(catalog.relations())], meta["map"])
     restore_into(engine.con, ckpt, replace=True)
     engine.trimmed_through = {k: int(v) for k, v in meta["trimmed_through"].items()}
     engine.windows.load()

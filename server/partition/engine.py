@@ -109,11 +109,10 @@ class Engine:
             )
 
     # ---------------------------------------------------------------- catalog
-    def install(self, catalog_json: str, ddl: list[str], partition_map: str | None = None) -> None:
-        """Runs a deploy's physical DDL and switches to the new catalog, atomically."""
+    def install(self, catalog: Catalog, ddl: list[str], partition_map: str | None = None) -> None:
+        """Runs a deploy's physical DDL and switches to the new catalog (analyzed: `Catalog.from_json`), atomically."""
         if partition_map is not None:
             self.map = PartitionMap.from_json(partition_map)
-        catalog = Catalog.from_json(catalog_json, self.loader.resolve)
         self.con.execute("BEGIN")
         try:
             for sql in ddl:

@@ -54,6 +54,7 @@ from streamtx.recovery.records import Record
 from streamtx.recovery.records import RecordKind as K
 from streamtx.server import log
 from streamtx.server import protocol as pr
+from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.ipc import join_grouped, split_grouped
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
@@ -312,7 +313,7 @@ class Journal:
         eng = flow.engine
         eng.state.sync()  # as before any command but a push (Worker.handle)
         if kind == K.INSTALL:
-            eng.install(head["catalog"], head["ddl"], head["map"])
+            eng.install(Catalog.from_json(head["catalog"], eng.loader.resolve), head["ddl"], head["map"])
         elif kind == K.CALL:
             try:
                 flow.run_call(head["procedure"], head["params"], ts)

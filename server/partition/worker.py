@@ -31,6 +31,7 @@ from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxErro
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server import log
 from streamtx.server import protocol as pr
+from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.loader import ProcedureLoader
@@ -427,7 +428,7 @@ class Worker:
         have, new = eng.catalog.version, json.loads(c.catalog).get("version", 0)
         if (c.startup or self._again) and (have > new or (have == new and (have or not c.ddl))):
             return None, []  # recovered already, a deploy the front had not finished when a worker died included
-        eng.install(c.catalog, c.ddl, c.map)
+        eng.install(Catalog.from_json(c.catalog, eng.loader.resolve), c.ddl, c.map)
         self.journal.install(c.catalog, c.ddl, c.map)
         return None, []
 
