@@ -36,6 +36,7 @@ from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints
+from streamtx.server.partition.collector import Collector
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
@@ -109,6 +110,7 @@ class Worker:
         )
         self.acks: collections.deque[tuple[int, pr.Response, list[pa.Table]]] = collections.deque()
         self.checkpointing = False
+        self.collector = Collector()
         self.checkpoint_started = 0.0  # perf_counter at the cut of the checkpoint being written
         self.acks_sent = 0
         self.written: dict[int, int] = {}  # checkpoint ts -> its lsn, until every partition has written it
@@ -171,6 +173,7 @@ class Worker:
             held = None
             if frame is None:
                 return
+            self.collector.between()  # no command half done
             request, tables = frame
             if isinstance(request, _Wake):
                 self._flush_acks()
