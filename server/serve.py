@@ -18,6 +18,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from streamtx.server import log, reflection, security
+from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import decoding
 from streamtx.server.front.auth import TokenInterceptor
@@ -135,8 +136,10 @@ class Server:
         else:
             print(f"streamtx {listening}", flush=True)
         periodic = asyncio.create_task(self.front.checkpoint_periodically())
+        collecting = asyncio.create_task(Collector().run_on_loop())
         await stop.wait()
         periodic.cancel()
+        collecting.cancel()
         log.event("shutdown", "shutting down")
         await self.stop()
         failure = self.front.supervisor.failure

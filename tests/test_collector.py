@@ -1,11 +1,11 @@
-"""The worker's collector: survivors frozen between intervals, cycles among them still freed by the minute's full pass."""
+"""The collector: survivors frozen between commands, cycles among them still freed by the full pass."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from streamtx.server.partition.collector import FREEZE_EVERY, FULL_EVERY, Collector
+from streamtx.server.collector import FREEZE_EVERY, FULL_EVERY, Collector
 
 
 class _Node:

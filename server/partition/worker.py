@@ -32,11 +32,11 @@ from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
 from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints
-from streamtx.server.partition.collector import Collector
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
