@@ -754,17 +754,24 @@ class Dataflow:
         cat = eng.catalog
         wanted: dict[str, list[Any]] = {}
         self.push_rows = {}
+        lookups_of: dict[str, list[tuple[str, Callable[..., Any]]]] = {}
         for p in pushes:
-            lookups = [
-                f
-                for proc in cat.consumers.get(p.stream, [])
-                if cat.procedures[proc].python is None
-                for f in eng.sql_plans.prefetch(proc, cat.plans[proc].statements)
-            ]
-            if not lookups:
-                continue
+            if p.stream not in lookups_of:
+                lookups_of[p.stream] = [
+                    f
+                    for proc in cat.consumers.get(p.stream, [])
+                    if cat.procedures[proc].python is None
+                    for f in eng.sql_plans.prefetch(proc, cat.plans[proc].statements)
+                ]
+        looked_up = [p for p in pushes if lookups_of[p.stream]]
+        by_stream: dict[str, list[pa.Table]] = {}
+        for p in looked_up:
+            by_stream.setdefault(p.stream, []).append(p.batch)
+        rows_of = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
+        for p in looked_up:
+            lookups = lookups_of[p.stream]
             params = dict.fromkeys(TS_PARAMS, p.ts)
-            rows = table_rows(p.batch)
+            rows = next(rows_of[p.stream])
             if p.ts not in shared:
                 self.push_rows[p.ts] = rows
             for row in rows:
@@ -986,7 +993,7 @@ def _rows_per_batch(batches: list[pa.Table]) -> list[list[Row]]:
     if len(batches) == 1:
         return [table_rows(batches[0])]
     try:
-        rows = pa.concat_tables(batches).combine_chunks().to_pylist()
+        rows = table_rows(pa.concat_tables(batches))
     except pa.ArrowInvalid:  # schemas differ: one by one
         return [table_rows(b) for b in batches]
     out = []
