@@ -719,7 +719,6 @@ class Dataflow:
         eng = self.engine
         consumers: dict[str, tuple[str, StateProcedure] | None] = {}
         taken: list[tuple[Push, str, StateProcedure]] = []
-        by_stream: dict[str, list[pa.Table]] = {}
         shared = _shared_ts(pushes)
         for p in pushes:
             if p.stream not in consumers:
@@ -727,13 +726,11 @@ class Dataflow:
             consumer = consumers[p.stream]
             if consumer is not None and (p.batch.num_rows < 2 or not eng.catalog.procedures[consumer[0]].each_row):
                 taken.append((p, *consumer))
-                by_stream.setdefault(p.stream, []).append(p.batch)
         self._prefetch_sql(pushes, shared)
-        rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
         events: list[Event] = []
-        for p, name, fn in taken:
+        for (p, name, fn), rows in zip(taken, _push_rows([p for p, _, _ in taken]), strict=True):
             ts = p.ts
-            prepared = [Event(row, ts) for row in next(rows[p.stream])]
+            prepared = [Event(row, ts) for row in rows]
             try:
                 for ev in prepared:
                     fn.pre_process(ev)
@@ -764,14 +761,9 @@ class Dataflow:
                     for f in eng.sql_plans.prefetch(proc, cat.plans[proc].statements)
                 ]
         looked_up = [p for p in pushes if lookups_of[p.stream]]
-        by_stream: dict[str, list[pa.Table]] = {}
-        for p in looked_up:
-            by_stream.setdefault(p.stream, []).append(p.batch)
-        rows_of = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
-        for p in looked_up:
+        for p, rows in zip(looked_up, _push_rows(looked_up), strict=True):
             lookups = lookups_of[p.stream]
             params = dict.fromkeys(TS_PARAMS, p.ts)
-            rows = next(rows_of[p.stream])
             if p.ts not in shared:
                 self.push_rows[p.ts] = rows
             for row in rows:
@@ -986,6 +978,15 @@ class _Run:
                 before = self.outputs.get(stream)  # the entry unit's TEs may emit to one stream, in their order
                 self.outputs[stream] = rows if before is None else pa.concat_tables([before, rows])
             self.schedule.emitted(unit, stream, rows)
+
+
+def _push_rows(pushes: list[Push]) -> list[list[Row]]:
+    """Each push's rows, its stream's batches converted together (`_rows_per_batch`)."""
+    by_stream: dict[str, list[pa.Table]] = {}
+    for p in pushes:
+        by_stream.setdefault(p.stream, []).append(p.batch)
+    rows = {stream: iter(_rows_per_batch(batches)) for stream, batches in by_stream.items()}
+    return [next(rows[p.stream]) for p in pushes]
 
 
 def _rows_per_batch(batches: list[pa.Table]) -> list[list[Row]]:
