@@ -21,11 +21,13 @@ import asyncio
 import pickle
 import socket
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from streamtx.server.tuples import Batch, Tuples, arrow, concat
 from streamtx.wire import ipc_to_table, table_to_ipc
 
 _PREFIX = struct.Struct("<II")
@@ -96,27 +98,33 @@ def unpack(frame: Frame) -> list[Frame]:
     return [(h, [b]) for h, b in zip(header.headers, batches, strict=True)]
 
 
-def join_runs(tables: list[pa.Table]) -> tuple[list[list[int]], list[pa.Table]]:
+def join_runs(tables: Sequence[Batch]) -> tuple[list[list[int]], list[pa.Table]]:
     """Consecutive tables of one schema as one table each, with their row counts (`split_runs` undoes it).
 
-    Many small batches in one message then cost one Arrow stream per run, not one each.
+    Many small batches in one message then cost one Arrow stream per run, not one each; a run of
+    `Tuples` of one shape becomes its table in one conversion.
     """
     runs: list[list[int]] = []
     joined: list[pa.Table] = []
-    group: list[pa.Table] = []
+    group: list[Batch] = []
     for t in tables:
         if group and not group[0].schema.equals(t.schema):
             runs.append([g.num_rows for g in group])
-            joined.append(pa.concat_tables(group).combine_chunks() if len(group) > 1 else group[0])
+            joined.append(_joined(group))
             group = []
         group.append(t)
     if group:
         runs.append([g.num_rows for g in group])
-        joined.append(pa.concat_tables(group).combine_chunks() if len(group) > 1 else group[0])
+        joined.append(_joined(group))
     return runs, joined
 
 
-def join_grouped(tables: list[pa.Table], keys: list[str]) -> tuple[list[int], list[list[int]], list[pa.Table]]:
+def _joined(group: list[Batch]) -> pa.Table:
+    one = concat(group)
+    return arrow(one) if len(group) == 1 or isinstance(one, Tuples) else one.combine_chunks()
+
+
+def join_grouped(tables: Sequence[Batch], keys: list[str]) -> tuple[list[int], list[list[int]], list[pa.Table]]:
     """`join_runs` after putting tables of equal `keys` (e.g. their stream) together: relations of
     interleaved streams still travel as one Arrow stream per stream. `split_grouped` undoes it."""
     groups: dict[str, list[int]] = {}

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from streamtx.server.tuples import Batch, concat
+
 if TYPE_CHECKING:
     from streamtx.server.catalog.catalog import Catalog
 
@@ -59,7 +61,7 @@ class _Level:
     """The ready units and the streams' batches of one depth: the command, or one tuple of a FOR EACH ROW unit."""
 
     pending: list[Unit]
-    inputs: dict[str, list[tuple[str | None, pa.Table]]] = field(default_factory=dict)  # stream -> (origin, rows)
+    inputs: dict[str, list[tuple[str | None, Batch]]] = field(default_factory=dict)  # stream -> (origin, rows)
     rows: tuple[int, ...] = ()
 
 
@@ -145,7 +147,7 @@ class Schedule:
             return best
         return pending.pop()
 
-    def _each_row(self, unit: Unit, level: _Level) -> list[pa.Table] | None:
+    def _each_row(self, unit: Unit, level: _Level) -> list[Batch] | None:
         """The tuples a FOR EACH ROW unit takes one at a time (None: it takes its batch at once)."""
         if unit.stream is None or not any(self.catalog.procedures[p].each_row for p in unit.procedures):
             return None
@@ -155,18 +157,18 @@ class Schedule:
         return [batch.slice(i, 1) for i in range(batch.num_rows)]
 
     # ------------------------------------------------------- what units did
-    def input(self, unit: Unit) -> pa.Table | None:
+    def input(self, unit: Unit) -> Batch | None:
         """The batch `unit` takes: everything its stream got in this command (at this depth)."""
         return None if unit.stream is None else self._input(self._levels[-1], unit.stream)
 
     @staticmethod
-    def _input(level: _Level, stream: str) -> pa.Table | None:
+    def _input(level: _Level, stream: str) -> Batch | None:
         parts = level.inputs.get(stream)
         if not parts:
             return None
-        return parts[0][1] if len(parts) == 1 else pa.concat_tables([rows for _, rows in parts])
+        return concat([rows for _, rows in parts])
 
-    def emitted(self, unit: Unit, stream: str, rows: pa.Table) -> None:
+    def emitted(self, unit: Unit, stream: str, rows: Batch) -> None:
         """`unit` committed `rows` on `stream` (or joined its open group with them): its consumers are ready.
 
         They are made ready once per stream: later output on it joins the

@@ -43,6 +43,7 @@ from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.ownership import Unspannable
 from streamtx.server.protocol import Outcome, TeSpec
 from streamtx.server.schedule import Key, Schedule, Unit, reason, skips
+from streamtx.server.tuples import Batch, arrow, concat
 
 if TYPE_CHECKING:
     from streamtx.server.partition.journal import Journal
@@ -337,7 +338,7 @@ class Dataflow:
             if spec.procedure is not None:
                 run.timed.append((spec.procedure, perf_counter() - started))
             for s, parts in tx.emitted.items():
-                emitted.setdefault(s, []).extend(parts)
+                emitted.setdefault(s, []).extend(map(arrow, parts))
             stored |= tx.stored
             if spec.stream is None:
                 results += tx.results
@@ -801,9 +802,9 @@ class Dataflow:
         """Feeds the procedure's windows with its input, then runs its code."""
         cat = self.engine.catalog
         proc = cat.procedures[procedure]
-        if tx.input_stream is not None and tx.batch is not None and not tx.away:
+        if tx.input_stream is not None and tx.input is not None and not tx.away:
             for window in self.engine.owned_windows(procedure):
-                self.engine.windows.feed(tx, window, tx.input_stream, tx.batch)
+                self.engine.windows.feed(tx, window, tx.input_stream, tx.input)
         if proc.python is not None:
             tx.run_python(self.engine.python_code(proc.python))
         else:  # the batch is registered for DuckDB only if a statement runs there (Transaction._run)
@@ -851,7 +852,7 @@ class _Run:
         self.stored: set[str] = set()
         self.isolated = isolated
         self.failure: _Failure | None = None
-        self.logged: list[tuple[TeSpec, pa.Table | None]] = []  # committed TEs, for strong logging
+        self.logged: list[tuple[TeSpec, Batch | None]] = []  # committed TEs, for strong logging
         self.timed: list[tuple[str, float]] = []  # each procedure's TE and its run time, for the meter
         self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
@@ -936,7 +937,7 @@ class _Run:
             self.logged.append((te, batch))
             self._done(unit, tx)
 
-    def _transaction(self, te: TeSpec, batch: pa.Table | None) -> Transaction:
+    def _transaction(self, te: TeSpec, batch: Batch | None) -> Transaction:
         known = self.values.get(te.stream) if batch is not None and te.stream is not None else None
         tx = Transaction(
             self.eng,
@@ -951,12 +952,12 @@ class _Run:
             tx.input_rows = self.flow.push_rows.get(self.ts)
         return tx
 
-    def _run_te(self, te: TeSpec, tx: Transaction, batch: pa.Table | None) -> None:
+    def _run_te(self, te: TeSpec, tx: Transaction, batch: Batch | None) -> None:
         cat = self.eng.catalog
         if te.border:
             assert te.stream is not None and batch is not None
             if te.stream in cat.retained:  # stored with the interval's other output, at the commit
-                self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, batch))
+                self.eng.state.pending.out.setdefault(te.stream, []).append((self.ts, arrow(batch)))
                 tx.stored.add(te.stream)
             elif self.eng.stream_triggers(te.stream):
                 tx.fire_stream_triggers(te.stream, batch)
@@ -970,13 +971,10 @@ class _Run:
             self.results = tx.results
         self.stored |= tx.stored
         for stream, parts in tx.emitted.items():
-            rows = parts[0] if len(parts) == 1 else pa.concat_tables(parts)
-            known = tx.emitted_values.get(stream)
-            if known is not None and known[0] is rows:
-                self.values[stream] = known
+            rows = concat(parts)
             if self.stage == "entry" and self.eng.catalog.consumers.get(stream):
                 before = self.outputs.get(stream)  # the entry unit's TEs may emit to one stream, in their order
-                self.outputs[stream] = rows if before is None else pa.concat_tables([before, rows])
+                self.outputs[stream] = arrow(rows) if before is None else pa.concat_tables([before, arrow(rows)])
             self.schedule.emitted(unit, stream, rows)
 
 

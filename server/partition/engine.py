@@ -46,6 +46,7 @@ from streamtx.server.partition.transaction import compile_python_sql, error_text
 from streamtx.server.partition.windows import Windows
 from streamtx.server.partitioning import KEY_TYPES, PartitionMap
 from streamtx.server.protocol import Outcome
+from streamtx.server.tuples import Batch, arrow
 
 SYSTEM_DDL = [
     f"CREATE SCHEMA IF NOT EXISTS {SYSTEM_SCHEMA}",
@@ -137,7 +138,7 @@ class Engine:
     def _owned(self, keys: pa.Array) -> pa.Array:
         return pa.array(self.map.owners(keys) == self.partition)
 
-    def check_local(self, procedure: str | None, stream: str, rows: pa.Table) -> None:
+    def check_local(self, procedure: str | None, stream: str, rows: Batch) -> None:
         """In a local (keyed) command, tuples passed to a partitioned consumer must stay on this partition.
 
         The front sends a keyed batch to the one partition owning its keys; a
@@ -150,7 +151,7 @@ class Engine:
         key = self.catalog.placement.streams.get(stream)
         if key is None or not self.catalog.consumers.get(stream):
             return
-        owners = self.map.owners(rows.column(key))
+        owners = self.map.owners(arrow(rows).column(key))
         stray = owners[owners != self.partition]
         if len(stray):
             raise Aborted(

@@ -132,7 +132,7 @@ def run_replicated(tx: Transaction, proc: StateProcedure, ex: Exchange) -> None:
     batches one by one instead), so nothing here needs undoing.
     """
     eng = tx.engine
-    assert tx.batch is not None
+    assert tx.input is not None
     events = [Event(row, tx.ts) for row in tx.batch_rows()]
     for ev in events:
         proc.pre_process(ev)

@@ -59,6 +59,7 @@ from streamtx.server.ipc import join_grouped, split_grouped
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.protocol import TeSpec
+from streamtx.server.tuples import Batch, arrow
 
 if TYPE_CHECKING:
     from streamtx.server.partition.dataflow import Dataflow, Push, _Run
@@ -148,7 +149,7 @@ class Journal:
             self._append(K.PUSHES, last_ts, {"pushes": pushes, "order": order, "runs": runs}, joined)
             return
         batches: list[list[Any]] = []
-        flat: list[pa.Table] = []
+        flat: list[Batch] = []
         streams: list[str] = []
         for p, run in committed:
             specs, inputs = [], []
@@ -205,14 +206,14 @@ class Journal:
     def _tes(
         self,
         ts: int,
-        logged: list[tuple[TeSpec, pa.Table | None]],
+        logged: list[tuple[TeSpec, Batch | None]],
         params: dict[str, Any] | None,
         mark: list[Any] | None,
     ) -> None:
         n = len(logged)
         for i, (spec, table) in enumerate(logged):
             head = {"i": i, "n": n, "spec": spec.to_log(), "params": params, "mark": mark if spec.border else None}
-            self._append(K.TE, ts, head, [table] if table is not None else [])
+            self._append(K.TE, ts, head, [arrow(table)] if table is not None else [])
 
     # ------------------------------------------------------------ recovery
     def recovery_info(self, data_dir: Path | None) -> pr.Recoverable:

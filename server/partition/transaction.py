@@ -33,6 +33,7 @@ from streamtx.server.partition.state import RowShape, Values, table_rows
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError
 from streamtx.server.sqlc.statement import Result, Statement
+from streamtx.server.tuples import Batch, Tuples, arrow
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Transaction(Tx):
         procedure: str | None,
         ts: int,
         input_stream: str | None = None,
-        batch: pa.Table | None = None,
+        batch: Batch | None = None,
         params: dict[str, Any] | None = None,
         batch_values: list[Values] | None = None,
     ) -> None:
@@ -61,12 +62,12 @@ class Transaction(Tx):
         self.procedure = procedure
         self.ts = ts
         self.input_stream = input_stream
-        self.batch = batch
-        self.batch_values = batch_values
-        """`batch`'s rows as a state procedure emitted them, in column order, when known: no Arrow round trip."""
+        self.input = batch
+        """The batch this TE takes (`batch` is it as Arrow, for Python procedures)."""
+        self.batch_values = batch.values if isinstance(batch, Tuples) else batch_values
+        """The input's rows in column order, when known (Tuples, or a push's converted rows): no Arrow round trip."""
         self.params = params or {}
-        self.emitted: dict[str, list[pa.Table]] = {}
-        self.emitted_values: dict[str, tuple[pa.Table, list[Values]]] = {}  # a state procedure's output rows
+        self.emitted: dict[str, list[Batch]] = {}
         self.stored: set[str] = set()  # retained streams this TE stored tuples on
         self.results: list[pa.Table] = []
         self.statements = 0
@@ -120,7 +121,7 @@ class Transaction(Tx):
     # --------------------------------------------------------------- engine
     def run_plan(self, statements: list[tuple[int, Compiled]]) -> None:
         for i, compiled in statements:
-            out = self._run(compiled, self.params, (self.procedure, i), self.batch)
+            out = self._run(compiled, self.params, (self.procedure, i), self.input)
             if out is not None and compiled.returns_rows:
                 self.results.append(out)
                 self.result_ids.append(i)
@@ -157,12 +158,16 @@ class Transaction(Tx):
         elif result is not None:
             self.results.append(_as_table(result))
 
+    @property
+    def batch(self) -> pa.Table | None:  # type: ignore[override]
+        return None if self.input is None else arrow(self.input)
+
     def batch_rows(self) -> list[Row]:
         """The input batch as rows (dicts), from `batch_values` when known: no Arrow round trip."""
-        assert self.batch is not None
+        assert self.input is not None
         if self.batch_values is None:
-            return table_rows(self.batch)
-        names = self.batch.column_names
+            return table_rows(arrow(self.input))
+        names = self.input.column_names
         return [dict(zip(names, values, strict=True)) for values in self.batch_values]
 
     def run_state(self, proc: StateProcedure) -> None:
@@ -172,7 +177,7 @@ class Transaction(Tx):
         loaded, for the whole punctuation interval already; under `serial` the
         working set is written back at the end of this TE.
         """
-        if self.batch is None:
+        if self.input is None:
             raise InvalidArgument(f"state procedure {self.procedure} needs an input stream (ON STREAM)")
         eng = self.engine
         if eng.exchange is not None:  # its batch spans partitions: the merged rows came with the fragment
@@ -221,19 +226,15 @@ class Transaction(Tx):
         self._emit_values(stream, shape, values)
 
     def _emit_values(self, stream: str, shape: RowShape, values: list[Values]) -> None:
-        """Tuples that fit `shape` exactly, emitted without reading them back from Arrow.
+        """Tuples that fit `shape` exactly, emitted as Python values (server/tuples.py).
 
         Tuples for a retained stream stay rows until the commit stores the
-        interval's at once; tuples for consumers become one table, and their
-        consumers get the rows too (`emitted_values`), so a state procedure or
-        a compiled statement downstream skips converting them back.
+        interval's at once; tuples for consumers reach them as `Tuples`.
         """
         if stream in self.engine.catalog.retained:
             self._store(stream, values)
             return
-        table = shape.table(values)
-        self._emitted(stream, table)
-        self.emitted_values[stream] = (table, values)
+        self._emitted(stream, Tuples(shape, values))
 
     def _emit_compiled(self, stream: str, result: Result) -> None:
         """A compiled statement's emitted tuples: as rows where they fit the stream's shape, else one table."""
@@ -254,18 +255,16 @@ class Transaction(Tx):
         self.engine.state.pending.out.setdefault(stream, []).append((self.ts, part))
         self.stored.add(stream)
 
-    def run_compiled(
-        self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: pa.Table | None = None
-    ) -> None:
+    def run_compiled(self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: Batch | None = None) -> None:
         """Runs one statement of an EE trigger (no parameters but the timestamp) over the `rows` it fired for."""
         self._run(compiled, {}, plan, rows)
 
     def register_input(self) -> None:
-        if self.input_stream is not None and self.batch is not None and not self._input_registered:
-            self._register(batch_relation(self.input_stream), self.batch)
+        if self.input_stream is not None and self.input is not None and not self._input_registered:
+            self._register(batch_relation(self.input_stream), arrow(self.input))
             self._input_registered = True
 
-    def fire_stream_triggers(self, stream: str, rows: pa.Table) -> None:
+    def fire_stream_triggers(self, stream: str, rows: Batch) -> None:
         """Runs the EE triggers of `stream` over `rows`, just inserted into it."""
         names = self.engine.stream_triggers(stream)
         if not names:
@@ -273,7 +272,7 @@ class Transaction(Tx):
         self._depth += 1
         if self._depth > MAX_TRIGGER_DEPTH:
             raise Aborted(f"EE trigger chain on stream {stream!r} is deeper than {MAX_TRIGGER_DEPTH}")
-        self._register(batch_relation(stream), rows)
+        self._register(batch_relation(stream), arrow(rows))
         try:
             for name in names:
                 unit = f"trigger {name}"
@@ -288,7 +287,7 @@ class Transaction(Tx):
         compiled: Compiled,
         params: dict[str, Any],
         plan: tuple[str | None, int] | None = None,
-        batch: pa.Table | None = None,
+        batch: Batch | None = None,
     ) -> pa.Table | None:
         """Runs one statement: compiled over the working set (server/sqlc) when it can, else in DuckDB.
 
@@ -323,7 +322,7 @@ class Transaction(Tx):
         return out
 
     def _run_compiled(
-        self, statement: Statement, compiled: Compiled, params: dict[str, Any], batch: pa.Table | None
+        self, statement: Statement, compiled: Compiled, params: dict[str, Any], batch: Batch | None
     ) -> tuple[bool, pa.Table | None]:
         """(True, its result) once run over the working set; (False, None) if it must run in DuckDB this time."""
         eng = self.engine
@@ -346,17 +345,17 @@ class Transaction(Tx):
             self._emit_compiled(compiled.emits, result)
         return True, result.rows
 
-    def rows_of(self, batch: pa.Table) -> list[Row]:
+    def rows_of(self, batch: Batch) -> list[Row]:
         """A batch's rows as dicts, converted once per TE (its input batch from `batch_values` when known)."""
-        if batch is self.batch:
+        if batch is self.input:
             if self.input_rows is None:
                 self.input_rows = self.batch_rows()
             return self.input_rows
-        return table_rows(batch)
+        return batch.rows() if isinstance(batch, Tuples) else table_rows(batch)
 
     def _copy(self, columns: tuple[str, ...], stream: str | None) -> bool:
         """An emit copying input columns, done on the Arrow table SQL would read; False: let DuckDB run it."""
-        if stream is None or self.input_stream is None or self.batch is None:
+        if stream is None or self.input_stream is None or self.input is None:
             return False
         self.register_input()
         batch = self.engine.relations.bound(batch_relation(self.input_stream))
@@ -375,7 +374,7 @@ class Transaction(Tx):
         except duckdb.Error as e:
             raise Aborted(f"procedure {self.procedure or '?'}: {error_text(e)}") from None
 
-    def _emitted(self, stream: str, rows: pa.Table) -> None:
+    def _emitted(self, stream: str, rows: Batch) -> None:
         self.engine.check_local(self.procedure, stream, rows)
         self.emitted.setdefault(stream, []).append(rows)
         self.fire_stream_triggers(stream, rows)

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamtx.server.catalog.compile import SYSTEM_SCHEMA, WINDOW_SCHEMA, batch_relation, quote
+from streamtx.server.tuples import Batch, arrow
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
@@ -106,7 +107,7 @@ class Windows:
             for s in [s for s in held if s >= end]:
                 del held[s]
 
-    def feed(self, tx: Transaction, window: str, stream: str, batch: pa.Table) -> None:
+    def feed(self, tx: Transaction, window: str, stream: str, batch: Batch) -> None:
         """Appends `batch` (registered as the TE's input) to `window` and applies its slides."""
         if batch.num_rows == 0:
             return
@@ -125,6 +126,7 @@ class Windows:
                 self._fire(tx, self.engine.catalog.triggers_on("window", window))
             return
         tx.register_input()
+        batch = arrow(batch)
         table = f"{WINDOW_SCHEMA}.{quote(window)}"
         cols = ", ".join(quote(c) for c in self.engine.catalog.stream_schemas[stream].names)
         source = quote(batch_relation(stream))
