@@ -855,7 +855,7 @@ class _Run:
         self.logged: list[tuple[TeSpec, Batch | None]] = []  # committed TEs, for strong logging
         self.timed: list[tuple[str, float]] = []  # each procedure's TE and its run time, for the meter
         self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
-        self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # an input's rows, as a state TE emitted it
+        self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # a span push's rows, converted by `_span`
         self.stage: str | None = None  # a flow's stage (front/flows.py): "entry" or "rest"
         self.outputs: dict[str, pa.Table] = {}  # stage "entry": what the entry TEs emitted for other TEs
 
