@@ -28,6 +28,9 @@ class WorkingSet:
 
     `epoch` changes whenever rows are forgotten (`clear`, `forget`, `rollback`), so
     events whose keys were loaded in the same epoch need no second look.
+    `stamp(tables)` changes whenever the rows of `tables` may have changed (a
+    write, a rollback, SQL about to write them): what was computed from them
+    under an equal stamp still holds (an incremental window aggregate).
     `absent` holds keys known missing from the table itself, which a
     write-back may plainly insert.
 
@@ -46,6 +49,8 @@ class WorkingSet:
         self.absent: dict[str, set[Key]] = {}
         self.complete: set[str] = set()  # tables held whole: a key they lack is not in the table
         self.epoch = 0
+        self.versions: dict[str, int] = {}  # writes per table, for `stamp`
+        self.generation = 0  # changes when any table's rows may have changed outside `write`
         self.undo: list[Undo] | None = None  # the open transaction's writes, oldest first
         self._begun: tuple[dict[str, dict[Key, Row | None]], dict[str, set[Key]], set[str]] | None = None
 
@@ -65,6 +70,13 @@ class WorkingSet:
             self.undo.append((have, key, have.get(key, UNHELD), None if key in written else written))
         have[key] = row
         written.add(key)
+        versions = self.versions
+        versions[table] = versions.get(table, 0) + 1
+
+    def stamp(self, tables: tuple[str, ...]) -> tuple[int, ...]:
+        """Equal for two reads of `tables` only if nothing could have changed their rows in between."""
+        versions = self.versions
+        return (self.generation, *[versions.get(t, 0) for t in tables])
 
     def clear(self) -> None:
         self.rows = {}
@@ -72,6 +84,7 @@ class WorkingSet:
         self.absent = {}
         self.complete = set()
         self.epoch += 1
+        self.generation += 1
 
     def drop(self, tables: frozenset[str]) -> None:
         """Forgets the rows of `tables` (written back already), inside a transaction too: SQL is about to
@@ -80,6 +93,8 @@ class WorkingSet:
         self.absent = {t: keys for t, keys in self.absent.items() if t not in tables}
         self.complete = self.complete - tables
         self.epoch += 1
+        for t in tables:
+            self.versions[t] = self.versions.get(t, 0) + 1
 
     def forget(self, table: str) -> None:
         """Drops one table's rows, written back already (none dirty); not inside a transaction."""
@@ -109,6 +124,7 @@ class WorkingSet:
         self.rows, self.dirty, self.complete = self._begun
         self.absent = {}
         self.epoch += 1
+        self.generation += 1
         self.commit()
 
 
@@ -123,6 +139,7 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
         return
     rows = ws.rows
     dirty = ws.dirty
+    versions = ws.versions
     undo: list[Undo] = []
     values: list[Row | None] = []
     try:
@@ -145,6 +162,7 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
             undo.append((have, key, current, None if key in written else written))
             have[key] = new
             written.add(key)
+            versions[table] = versions.get(table, 0) + 1
             values.append(new)
     except Exception as e:
         _take_back(undo)

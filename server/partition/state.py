@@ -43,6 +43,7 @@ from streamtx.server.partition.views import Follower
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
+    from streamtx.server.partition.windows import Groups
 
 
 _INT_RANGES = {
@@ -608,6 +609,12 @@ class StateStore:
     def window(self, name: str) -> list[Row]:
         """The visible tuples of an in-memory window (server/partition/windows.py)."""
         return self.engine.windows.visible(name)
+
+    def window_groups(
+        self, name: str, key: str, tables: tuple[str, ...], part: Callable[[list[Row]], Groups]
+    ) -> Groups:
+        """`part` over the visible tuples of an in-memory window, kept up to date while `tables` stay unwritten."""
+        return self.engine.windows.groups(name, key, self.ws.stamp(tables), part)
 
     def load(self, table: str, keys: list[Any]) -> None:
         """Loads the keys the working set lacks (a punctuation interval's lookups, at once)."""

@@ -29,6 +29,8 @@ sees the same window.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +56,27 @@ class WindowState:
     range_end: int | None = None  # RANGE: current end (exclusive); None before the first tuple
 
 
+Groups = dict[tuple[Any, ...], list[int]]
+"""Per group key, integer accumulators that add up (counts, sums); the last one counts the group's rows."""
+
+
+@dataclass
+class WindowGroups:
+    """A grouped aggregate over a window, kept up to date by the tuples that enter and leave it.
+
+    Holds while `stamp` (server/partition/opchain.py `WorkingSet.stamp`) is
+    unchanged: the tables the aggregate joins are as they were when `groups`
+    was last brought up to date, so a leaving tuple's part, computed again,
+    is the part it added.
+    """
+
+    groups: Groups
+    rows: deque[dict[str, Any]]  # the tuples counted, oldest first: positions lo .. hi - 1
+    lo: int
+    hi: int
+    stamp: tuple[int, ...]
+
+
 class Windows:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -63,6 +86,7 @@ class Windows:
         self.synced: dict[str, tuple[int, int]] = {}  # (next_seq, visible_end) as DuckDB's window table has them
         self._synced_at_begin: dict[str, tuple[int, int]] | None = None
         self._schemas: dict[str, pa.Schema] = {}
+        self.aggregates: dict[tuple[str, str], WindowGroups] = {}
         engine.con.execute(STATE_DDL)
 
     def in_memory(self, window: str) -> bool:
@@ -83,7 +107,7 @@ class Windows:
             next_seq = 0 if max_seq is None else max_seq + 1
             visible_end = next_seq if min_staged is None else min_staged
             self.state[name] = WindowState(next_seq, visible_end, ends.get(name))
-        self.rows, self.synced, self._schemas = {}, {}, {}
+        self.rows, self.synced, self._schemas, self.aggregates = {}, {}, {}, {}
         for name in self.engine.catalog.windows:
             if not self.in_memory(name):
                 continue
@@ -101,6 +125,7 @@ class Windows:
 
     def restore(self, saved: dict[str, WindowState]) -> None:
         self.state = saved
+        self.aggregates = {}
         for name, held in self.rows.items():
             st = saved.get(name)
             end = st.next_seq if st is not None else 0
@@ -204,6 +229,46 @@ class Windows:
         held = self.rows[window]
         size = self.engine.catalog.windows[window].size
         return [held[s] for s in range(max(st.visible_end - size, 0), st.visible_end)]
+
+    def groups(
+        self, window: str, key: str, stamp: tuple[int, ...], part: Callable[[list[dict[str, Any]]], Groups]
+    ) -> Groups:
+        """`part` over the visible tuples of `window`, computed from the tuples that entered and left since the last
+        call with the same `key` and `stamp` (a slide of k tuples costs k, not the window's size). Read only."""
+        st = self.state[window]
+        held = self.rows[window]
+        lo, hi = max(st.visible_end - self.engine.catalog.windows[window].size, 0), st.visible_end
+        c = self.aggregates.get((window, key))
+        if c is None or c.stamp != stamp or not c.lo <= lo <= c.hi <= hi or (lo - c.lo) + (hi - c.hi) >= hi - lo:
+            rows = [held[s] for s in range(lo, hi)]
+            c = self.aggregates[(window, key)] = WindowGroups(part(rows), deque(rows), lo, hi, stamp)
+            self.engine.counters["window_groups_built"] += 1
+            return c.groups
+        entered = [held[s] for s in range(c.hi, hi)]
+        left = [c.rows.popleft() for _ in range(lo - c.lo)] if lo > c.lo else []
+        try:
+            plus, minus = part(entered), part(left)
+        except BaseException:
+            del self.aggregates[(window, key)]
+            raise
+        groups = c.groups
+        for k, acc in plus.items():
+            have = groups.get(k)
+            if have is None:
+                groups[k] = acc
+            else:
+                for i, v in enumerate(acc):
+                    have[i] += v
+        for k, acc in minus.items():
+            have = groups[k]
+            for i, v in enumerate(acc):
+                have[i] -= v
+            if not have[-1]:
+                del groups[k]
+        c.rows.extend(entered)
+        c.lo, c.hi = lo, hi
+        self.engine.counters["window_groups_kept"] += 1
+        return groups
 
     def dirty(self) -> bool:
         """Whether DuckDB's window tables lag behind the in-memory windows."""

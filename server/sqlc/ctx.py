@@ -13,7 +13,7 @@ whole once, and a larger one makes the statement fall back to DuckDB
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 SCAN_MAX = 10_000
@@ -39,6 +39,10 @@ class Store(Protocol):
     def load(self, table: str, keys: list[Key]) -> None: ...
 
     def window(self, name: str) -> list[Row]: ...
+
+    def window_groups(
+        self, name: str, key: str, tables: tuple[str, ...], part: Callable[[list[Row]], dict[Any, list[int]]]
+    ) -> dict[Any, list[int]]: ...
 
     def inserted_here(self, table: str, key: Key) -> bool: ...
 
@@ -67,6 +71,16 @@ class Ctx:
     def window(self, name: str) -> list[Row]:
         """The visible tuples of a window held in memory, oldest first."""
         return self.store.window(name)
+
+    def window_groups(
+        self, name: str, key: str, tables: tuple[str, ...], part: Callable[[list[Row]], dict[Any, list[int]]]
+    ) -> dict[Any, list[int]]:
+        """An aggregate over a window that adds up, from the tuples that entered and left it (query.py `_grouped`).
+
+        `part(rows)` gives the groups of `rows` alone, reading no table but
+        `tables`; `key` names the aggregate (equal for equal `part`s).
+        """
+        return self.store.window_groups(name, key, tables, part)
 
     def scan(self, table: str) -> Iterator[Row]:
         rows = self.store.rows(table, SCAN_MAX)

@@ -17,6 +17,7 @@ or type `expr.py` does not compile exactly.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class Source:
     nullable: bool = False  # LEFT JOIN: the row may be None
     describe: str = ""
     not_null: frozenset[str] = frozenset()  # columns never NULL in a row it holds (a table's NOT NULL and key)
+    table: str | None = None  # the window read, or the table looked up by primary key
 
 
 @dataclass
@@ -266,6 +268,7 @@ class _Planner:
         cols = rel.types
         if rel.window:
             src = Source(alias, var, cols, f"ctx.window({name!r})", side == "LEFT", f"{alias}: the window {name}")
+            src.table = name
             if side:
                 raise Unsupported(f"a LEFT JOIN of window {name!r} runs in DuckDB")
             return self._enter(src, on or [], body, depth)
@@ -285,6 +288,7 @@ class _Planner:
             key = exprs[0] if len(exprs) == 1 else f"({', '.join(exprs)},)"
             how = "opt" if side == "LEFT" else "one"
             src = Source(alias, var, cols, f"_{how}(ctx.get({name!r}, {key}))", side == "LEFT", not_null=solid)
+            src.table = name
             src.describe = f"{alias}: {name} by primary key ({', '.join(rel.key)})" + (" (LEFT)" if side else "")
             if self.sources and self.sources[0].loop == "ctx.batch" and not self.used_outer:
                 batch = self.sources[0].var
@@ -574,32 +578,45 @@ class _Planner:
                     aggs.append(agg)
         specs = [_aggregate(a, row_env) for a in aggs]
         key_tuple = f"({''.join(c.source + ', ' for c in key_codes)})"
-        inits = f"[{', '.join(s.init for s in specs)}]"
+        sliding = self._sliding(body, specs)
+        if sliding is not None:
+            init_slots, steps, finals = _adding_slots(specs)
+        else:
+            init_slots = [s.init for s in specs]
+            steps = [s.step.format(a=f"_a[{j}]") for j, s in enumerate(specs)]
+            finals = [f"_fin{j}(_a[{j}])" for j in range(len(specs))]
+        inits = f"[{', '.join(init_slots)}]"
         body.append(_indent(depth, f"_k = {key_tuple}"))
         body.append(_indent(depth, "_a = G.get(_k)"))
         body.append(_indent(depth, f"if _a is None: _a = G[_k] = {inits}"))
-        for j, s in enumerate(specs):
-            body += [_indent(depth, line) for line in s.step.format(a=f"_a[{j}]").split("\n")]
+        for step in steps:
+            body += [_indent(depth, line) for line in step.split("\n")]
         self.describe.append(
             "group by "
             + (", ".join(k.sql("duckdb") for k in keys) or "()")
             + ": "
             + ", ".join(a.sql("duckdb") for a in aggs)
         )
-        body.insert(0, "    G = {}")
+        if sliding is not None:
+            window, tables = sliding
+            part = ["    def _part(_rows):", "        G = {}", f"        for {self.sources[0].var} in _rows:"]
+            part += ["    " + line for line in body[1:]] + ["        return G"]
+            key = hashlib.sha1("\n".join(part).encode()).hexdigest()[:16]
+            body[:] = [*part, f"    G = ctx.window_groups({window!r}, {key!r}, {tables!r}, _part)"]
+            self.describe.append(f"kept up to date as tuples enter and leave window {window}")
+        else:
+            body.insert(0, "    G = {}")
+            for j, s in enumerate(specs):
+                self.hoisted.append(f"    _fin{j} = {s.final}")
         env = _EnvGroups(self, keys, key_codes, aggs, specs)
         tail = []
         if not keys:
-            tail.append(f"    if not G: G[()] = {inits}")
+            tail.append(f"    if not G: G = {{(): {inits}}}")
         tail.append(
-            "    E = [(_k, ["
-            + ", ".join(f"_fin{j}(_a[{j}])" for j in range(len(specs)))
-            + "]) for _k, _a in G.items()]"
+            f"    E = [(_k, [{', '.join(finals)}]) for _k, _a in G.items()]"
             if specs
             else "    E = [(_k, []) for _k in G]"
         )
-        for j, s in enumerate(specs):
-            self.hoisted.append(f"    _fin{j} = {s.final}")
         having = sel.args.get("having")
         if having is not None:
             hc = env.compile(having.this)
@@ -613,6 +630,26 @@ class _Planner:
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, [n for n, _ in items], env, "E")
         return [n for n, _ in items], [c.type for c in codes], tail
+
+    def _sliding(self, body: list[str], specs: list[_AggSpec]) -> tuple[str, tuple[str, ...]] | None:
+        """The window and the tables read, if this grouping may be kept up to date as the window slides.
+
+        So it may if every aggregate adds up (counts, integer sums) and each
+        tuple's part depends on nothing but the tuple and the rows of tables
+        it looks up by primary key: no parameter, no subquery, no other source.
+        """
+        first = self.sources[0] if self.sources else None
+        if first is None or first.table is None or not first.loop.startswith("ctx.window("):
+            return None
+        if self.outer or self.used_outer or self.subqueries or self.hoisted or not body:
+            return None
+        if body[0] != f"    for {first.var} in {first.loop}:" or any(s.adds is None for s in specs):
+            return None  # a condition checked once, before any row (a parameter, a subquery): not per tuple
+        if any(s.table is None or not _LOOKUP.fullmatch(s.loop) for s in self.sources[1:]):
+            return None
+        if any(_READS_MORE.search(line) for line in body[1:]):
+            return None
+        return first.table, tuple(dict.fromkeys(s.table for s in self.sources[1:] if s.table is not None))
 
     # ------------------------------------------------------- window funcs
     def _window_code(self, windows: list[exp.Window], env: Any, rows: str) -> list[str]:
@@ -693,6 +730,7 @@ def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
 
 # ------------------------------------------------------------------ envs
 _LOOKUP = re.compile(r"_(one|opt)\(ctx\.get\((.*)\)\)")
+_READS_MORE = re.compile(r"\bP\[|\bctx\b|\bS\d+\b")  # a parameter, the context, a subquery's result
 
 
 def _over_columns_of(cond: exp.Expression, alias: str) -> bool:
@@ -850,6 +888,25 @@ class _AggSpec:
     final: str  # a function of the accumulator
     type: SqlType
     not_null: bool = False  # counts
+    adds: tuple[tuple[str, ...], str, str] | None = None  # as integer slots that add up: inits, step, final
+
+
+def _adding_slots(specs: list[_AggSpec]) -> tuple[list[str], list[str], list[str]]:
+    """Accumulators of `specs` as integer slots merged by addition, plus a last slot counting the group's rows."""
+    inits: list[str] = []
+    steps: list[str] = []
+    finals: list[str] = []
+    for s in specs:
+        assert s.adds is not None
+        slots, step, final = s.adds
+        for i in range(len(slots)):
+            step = step.replace(f"{{a{i}}}", f"_a[{len(inits) + i}]")
+            final = final.replace(f"{{a{i}}}", f"_a[{len(inits) + i}]")
+        inits += slots
+        steps.append(step)
+        finals.append(final)
+    steps.append(f"_a[{len(inits)}] += 1")
+    return [*inits, "0"], steps, finals
 
 
 def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
@@ -857,11 +914,12 @@ def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
     arg = node.this.expressions[0] if distinct else node.this
     if isinstance(node, exp.Count):
         if isinstance(arg, exp.Star):
-            return _AggSpec("0", "{a} += 1", "_same", T.BIGINT, not_null=True)
+            return _AggSpec("0", "{a} += 1", "_same", T.BIGINT, True, (("0",), "{a0} += 1", "{a0}"))
         c = compile_expr(arg, env)
         if distinct:
             return _AggSpec("set()", f"_v = {c.source}\nif _v is not None: {{a}}.add(_v)", "len", T.BIGINT, True)
-        return _AggSpec("0", f"if ({c.source}) is not None: {{a}} += 1", "_same", T.BIGINT, not_null=True)
+        counted = f"if ({c.source}) is not None: {{a0}} += 1"
+        return _AggSpec("0", counted.replace("{a0}", "{a}"), "_same", T.BIGINT, True, (("0",), counted, "{a0}"))
     if distinct:
         raise Unsupported(f"{node.sql('duckdb')}: DISTINCT aggregates other than count run in DuckDB")
     c = compile_expr(arg, env)
@@ -873,6 +931,11 @@ def _aggregate(node: exp.Expression, env: _RowEnv) -> _AggSpec:
             f"_v = {c.source}\nif _v is not None: {{a}} = _v if {{a}} is None else {{a}} + _v",
             "_hugeint",
             C.sum_type(c.type),
+            adds=(
+                ("0", "0"),
+                f"_v = {c.source}\nif _v is not None:\n    {{a0}} += _v\n    {{a1}} += 1",
+                "(None if {a1} == 0 else _hugeint({a0}))",
+            ),
         )
     if c.type.kind not in ("int", "str", "bool"):
         raise Unsupported(f"{node.sql('duckdb')} over {c.type.name} runs in DuckDB")
