@@ -84,7 +84,6 @@ class Front:
         self.map = await asyncio.to_thread(
             PartitionMap.load_or_create, self.data_dir, self.config.partitions, self.map.bins
         )
-        self.map.owners(pa.array([0, None], pa.int64()))  # loads the hash's Arrow kernels now, not on a push
         await self.partitions.attach(launched.workers)
         self.supervisor.watch(await self.recover(startup=True))
 
