@@ -99,6 +99,11 @@ RANKED = st.sampled_from(  # a filter over a subquery's columns (moved into it w
         "(SELECT k, s, count(*) AS n FROM ins GROUP BY k, s) WHERE n >= 2 OR k IS NULL",
         "INSERT INTO outs SELECT k, m, 'max' FROM (SELECT k, max(v) AS m FROM ins GROUP BY k) WHERE m > 0",
         "INSERT INTO outs SELECT k, v, s FROM (SELECT k, v, s FROM kv ORDER BY s DESC, k) WHERE v >= 100 ORDER BY k",
+        # a top K: row_number numbers only the first K rows
+        "INSERT INTO outs SELECT k, r * 10, 'lt' FROM "
+        "(SELECT k, row_number() OVER (ORDER BY v NULLS FIRST, k DESC) AS r FROM kv) WHERE 2 > r",
+        "INSERT INTO outs SELECT k, r + q, 'two' FROM (SELECT k, row_number() OVER (ORDER BY v, k) AS r, "
+        "rank() OVER (ORDER BY s) AS q FROM kv) WHERE r <= 2 AND q < 5",
     ]
 )
 
@@ -222,3 +227,13 @@ def test_the_statements_of_the_differential_test_compile(sql: str) -> None:
         compile_statement(sql, names)
     except Unsupported as e:
         pytest.fail(f"{sql}: {e}")
+
+
+def test_a_top_k_numbers_only_the_rows_the_enclosing_filter_keeps() -> None:
+    """`row_number() ... WHERE r <= 3` sorts every row but numbers three (the differential checks the rows)."""
+    with Harness(deploy(["SELECT 1"])) as h:
+        names = h.engine.sql_plans._names("p")
+    top = compile_statement(RANKED.elements[0], names).describe
+    assert any("numbers only the first 3 rows" in line for line in top), top
+    ranked = compile_statement(RANKED.elements[1], names).describe  # rank(): ties share a number
+    assert not any("numbers only" in line for line in ranked), ranked

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
 
 MAX_TRIGGER_DEPTH = 32
+NO_PARAMS: dict[str, Any] = {}  # an EE trigger's: one object, so its statements share one `Ctx` (never written)
 
 
 class Transaction(Tx):
@@ -75,6 +76,7 @@ class Transaction(Tx):
         self.input_rows: list[Row] | None = None
         """`batch`'s rows as dicts, when the partition converted them already (its prefetch did)."""
         self._depth = 0
+        self._ctx: tuple[dict[str, Any], Batch | None, Ctx] | None = None
         everywhere = engine.catalog.placement.procedures.get(procedure or "") == EVERYWHERE
         self.away = everywhere and engine.partition != 0
         """An everywhere TE away from the home partition: runs only its statements that span partitions."""
@@ -257,7 +259,7 @@ class Transaction(Tx):
 
     def run_compiled(self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: Batch | None = None) -> None:
         """Runs one statement of an EE trigger (no parameters but the timestamp) over the `rows` it fired for."""
-        self._run(compiled, {}, plan, rows)
+        self._run(compiled, NO_PARAMS, plan, rows)
 
     def register_input(self) -> None:
         if self.input_stream is not None and self.input is not None and not self._input_registered:
@@ -326,10 +328,8 @@ class Transaction(Tx):
     ) -> tuple[bool, pa.Table | None]:
         """(True, its result) once run over the working set; (False, None) if it must run in DuckDB this time."""
         eng = self.engine
-        rows = None if batch is None else self.rows_of(batch)
-        bound = {**params, **dict.fromkeys(TS_PARAMS, self.ts)}
         try:
-            result = statement.run(Ctx(eng.state, rows, bound, self.ts))
+            result = statement.run(self._context(params, batch))
         except Fallback:
             eng.counters["sql_fallbacks"] += 1
             return False, None
@@ -344,6 +344,16 @@ class Transaction(Tx):
         if result.emitted and compiled.emits is not None:
             self._emit_compiled(compiled.emits, result)
         return True, result.rows
+
+    def _context(self, params: dict[str, Any], batch: Batch | None) -> Ctx:
+        """What a compiled statement runs against; one for the TE's statements over the same batch and parameters."""
+        held = self._ctx
+        if held is not None and held[0] is params and held[1] is batch:
+            return held[2]
+        rows = None if batch is None else self.rows_of(batch)
+        ctx = Ctx(self.engine.state, rows, {**params, **dict.fromkeys(TS_PARAMS, self.ts)}, self.ts)
+        self._ctx = (params, batch, ctx)
+        return ctx
 
     def rows_of(self, batch: Batch) -> list[Row]:
         """A batch's rows as dicts, converted once per TE (its input batch from `batch_values` when known)."""

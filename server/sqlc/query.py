@@ -540,7 +540,7 @@ class _Planner:
         windows = _windows(sel)
         tail: list[str] = []
         if windows:
-            tail += self._window_code(windows, env, "E")
+            tail += self._window_code(windows, env, "E", items)
         codes = [env.compile(e) for _, e in items]
         self.projections = [c.source for c in codes]
         names = [n for n, _ in items]
@@ -623,7 +623,7 @@ class _Planner:
             tail.append(f"    E = [(_k, _a) for _k, _a in E if ({hc.source}) is True]")
         windows = _windows(sel)
         if windows:
-            tail += self._window_code(windows, env, "E")
+            tail += self._window_code(windows, env, "E", items)
         codes = [env.compile(e) for _, e in items]
         tail.append("    O = []\n    for _i, (_k, _a) in enumerate(E):")
         tail += self._pushed_filter(codes, [n for n, _ in items])
@@ -652,8 +652,11 @@ class _Planner:
         return first.table, tuple(dict.fromkeys(s.table for s in self.sources[1:] if s.table is not None))
 
     # ------------------------------------------------------- window funcs
-    def _window_code(self, windows: list[exp.Window], env: Any, rows: str) -> list[str]:
-        lines = [f"    W = [[None] * {len(windows)} for _ in {rows}]"]
+    def _window_code(
+        self, windows: list[exp.Window], env: Any, rows: str, items: list[tuple[str, exp.Expression]]
+    ) -> list[str]:
+        caps = [self._row_cap(w, items) for w in windows]
+        lines = [f"    W = [[{', '.join('None' if k is None else str(k + 1) for k in caps)}] for _ in {rows}]"]
         env.windows = windows
         for j, w in enumerate(windows):
             fn = w.this
@@ -673,13 +676,44 @@ class _Planner:
             pkey = f"({''.join(p.source + ', ' for p in parts)})"
             okey = "(" + "".join(_order_key(c, d, n) for c, d, n in ocodes) + ")"
             unpack = env.unpack()
-            lines.append(f"    _P = {{}}\n    for _i, {unpack} in enumerate({rows}):")
-            lines.append(f"        _P.setdefault({pkey}, []).append(({okey}, _i))")
-            lines.append(
-                f"    for _g in _P.values():\n        _g.sort(key=lambda _x: _x[0])\n        _number_{kind}(_g, W, {j})"
-            )
+            if parts:
+                lines.append(f"    _P = {{}}\n    for _i, {unpack} in enumerate({rows}):")
+                lines.append(f"        _P.setdefault({pkey}, []).append(({okey}, _i))")
+                lines.append("    for _g in _P.values():\n        _g.sort(key=lambda _x: _x[0])")
+                lines.append(f"        _number_{kind}(_g, W, {j})")
+                continue
+            top = "" if caps[j] is None else f"[:{caps[j]}]"
+            lines.append(f"    _g = [({okey}, _i) for _i, {unpack} in enumerate({rows})]")
+            lines.append(f"    _g.sort(key=lambda _x: _x[0])\n    _number_{kind}(_g{top}, W, {j})")
+            if caps[j] is not None:
+                self.describe.append(f"numbers only the first {caps[j]} rows (the enclosing query keeps no more)")
         self.describe.append("window: " + ", ".join(w.sql("duckdb") for w in windows))
         return lines
+
+    def _row_cap(self, w: exp.Window, items: list[tuple[str, exp.Expression]]) -> int | None:
+        """K when a condition moved in from the enclosing query keeps only rows `w` numbers at most K.
+
+        Only for `row_number()` over the whole input: the rows after the first
+        K are then numbered K + 1, which that condition rejects before any use.
+        """
+        fn = w.this
+        if not (isinstance(fn, exp.RowNumber) or (isinstance(fn, exp.Anonymous) and fn.name.lower() == "row_number")):
+            return None
+        if w.args.get("partition_by") or w.args.get("spec") is not None:
+            return None
+        names = {n for n, e in items if isinstance(e, exp.Window) and e.sql() == w.sql()}
+        caps = []
+        for c in self.pushed:
+            column, bound, strict = None, None, False
+            if isinstance(c, exp.LTE | exp.LT):
+                column, bound, strict = c.this, c.expression, isinstance(c, exp.LT)
+            elif isinstance(c, exp.GTE | exp.GT):
+                column, bound, strict = c.expression, c.this, isinstance(c, exp.GT)
+            if not isinstance(column, exp.Column) or column.name not in names:
+                continue
+            if isinstance(bound, exp.Literal) and not bound.is_string and bound.this.isdigit():
+                caps.append(int(bound.this) - (1 if strict else 0))
+        return min(caps) if caps else None
 
     # -------------------------------------------------- DISTINCT, ORDER BY
     def _finish(self, sel: exp.Select, codes: list[Code], names: list[str], env: Any, rows: str) -> list[str]:

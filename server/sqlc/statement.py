@@ -97,11 +97,15 @@ def _binding(run: Callable[[Ctx], Result], types: dict[str, Any]) -> Callable[[C
     """
 
     def bound(ctx: Ctx) -> Result:
-        params = dict(ctx.params)
+        given = ctx.params
+        params = dict(given)
         for name, t in types.items():
             params[name] = bind_value(params.get(name), t)
         ctx.params = params
-        return run(ctx)
+        try:
+            return run(ctx)
+        finally:
+            ctx.params = given  # the TE's next statement may run in this ctx (server/partition/transaction.py)
 
     return bound
 
@@ -294,6 +298,9 @@ class _Writer:
         )
 
     def __call__(self, ctx: Ctx, rows: list[tuple[Any, ...]]) -> None:
+        if len(rows) == 1:
+            self._one(ctx, self.build(rows[0]))
+            return
         new_rows = list(map(self.build, rows))
         keys = list(map(self.key_of, new_rows))
         store = ctx.store
@@ -325,6 +332,26 @@ class _Writer:
             self._not_null([row for _, row in writes])
         for key, row in writes:
             store.put(self.table, key, row)
+
+    def _one(self, ctx: Ctx, row: dict[str, Any]) -> None:
+        """`__call__` of one row (most statements of 1-tuple batches), checked in the same order."""
+        key = self.key_of(row)
+        store = ctx.store
+        mode = self.conflict.mode
+        old = None if _has_null(key) else store.row(self.table, key)
+        if mode == "error":
+            if old is not None:
+                raise Fallback("a key the table holds: DuckDB reports the clash")
+        elif old is not None and mode != "replace":
+            if mode == "nothing":
+                return
+            assert self.conflict.update is not None
+            row = self.conflict.update(old, row, ctx.params)
+            if row is None:
+                return
+        if self.has_null is not None and self.has_null(row):
+            self._not_null([row])
+        store.put(self.table, key, row)
 
     def _not_null(self, rows: list[dict[str, Any]]) -> None:
         """NOT NULL, a constraint at a time over all rows, in the order DuckDB checks its constraints."""
