@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 
 import pytest
 
@@ -14,8 +14,9 @@ PARTITION_COUNTS = (1, 2, 4)
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     counts = getattr(metafunc.module, "PARTITIONS", None)
-    if counts and "server" in metafunc.fixturenames:
-        metafunc.parametrize("server", counts, indirect=True, ids=[f"P{p}" for p in counts])
+    for name in ("server", "shared_server"):
+        if counts and name in metafunc.fixturenames:
+            metafunc.parametrize(name, counts, indirect=True, ids=[f"P{p}" for p in counts])
 
 
 @pytest.fixture
@@ -36,14 +37,94 @@ def client(server):
         yield c
 
 
-def drop_all(client) -> None:
+def drop_all(client, groups: tuple[str, ...] = ()) -> None:
     """Drops every object the server holds (triggers first, tables last), so a module-scoped server
-    can be deployed afresh for each test."""
+    can be deployed afresh for each test.
+
+    Status does not list transaction groups: `groups` names those the caller's scripts create, dropped
+    (if they exist) before the procedures they hold.
+    """
     status = client.status()
-    drops = [
+    drops = [f"DROP TRANSACTION GROUP IF EXISTS {name};" for name in groups if status.get("procedures")]
+    drops += [
         f"DROP {kind.upper()} {name};"
         for kind in ("trigger", "procedure", "window", "stream", "view", "table")
         for name in status.get(kind + "s", [])
     ]
     if drops:
         client.deploy("\n".join(drops))
+
+
+# ------------------------------------------------------------------- one server for a module's tests
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Notes on the item that its setup or call failed (for `shared_client`'s teardown)."""
+    report = yield
+    if report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+class SharedServer:
+    """The server the tests of a module share, started when first asked for; `discard` stops it (the
+    next test gets another, fresh one)."""
+
+    def __init__(self, make: Callable[[], EmbeddedServer]) -> None:
+        self._make = make
+        self._server: EmbeddedServer | None = None
+
+    @property
+    def target(self) -> str:
+        if self._server is None:
+            self._server = self._make().start()
+        return self._server.target
+
+    def discard(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+
+
+@pytest.fixture(scope="module")
+def shared_server(request, tmp_path_factory) -> Iterator[SharedServer]:
+    """One server for the tests of a module that take `shared_client` (one per partition count, when the
+    module parametrizes it: PARTITIONS); see `shared_client`."""
+    partitions = getattr(request, "param", 1)
+    shared = SharedServer(lambda: EmbeddedServer(tmp_path_factory.mktemp("shared"), partitions=partitions))
+    try:
+        yield shared
+    finally:
+        shared.discard()
+
+
+@pytest.fixture
+def shared_client(request, shared_server: SharedServer):
+    """A new client (its own producer id) of the module's shared server, emptied by `drop_all`: each test
+    deploys its app afresh. Groups the module's scripts create are named by its GROUPS (see `drop_all`).
+
+    What a fresh server would not have is left over: the global timestamp ($ts, `timestamp` in push
+    results) goes on from the previous test's, and the status counters add up. A test that failed (or
+    whose emptying failed) may have left more behind (a stuck batch, a half-read subscription, objects
+    `drop_all` cannot see): its server is discarded, so that the next test starts on a fresh one.
+    """
+    from streamtx.client import Client
+
+    c = Client(shared_server.target)
+    emptied = False
+    try:
+        drop_all(c, getattr(request.module, "GROUPS", ()))
+        emptied = True
+        yield c
+    finally:
+        failed = not emptied or request.node.stash.get(_FAILED, False)
+        try:
+            c.close(flush=not failed)
+        finally:
+            if failed:
+                shared_server.discard()
