@@ -758,6 +758,9 @@ def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
     kind = code.type.kind
     if code.not_null and kind in ("int", "bool"):  # never NULL, never NaN: the value is its own key
         return f"-({code.source}), " if desc else f"{code.source}, "
+    if kind in ("int", "bool"):  # never NaN: NULL's key sorts before or after every (1, value)
+        value = "-_t" if desc else "_t"
+        return f"((1, {value}) if (_t := {code.source}) is not None else ({0 if nulls_first else 2},)), "
     helper = "_number_key" if kind in ("int", "float", "bool") else "_sort_key"
     return f"{helper}({code.source}, {desc}, {nulls_first}), "
 
