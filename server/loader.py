@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from streamtx.errors import InvalidArgument, NotFound
+from streamtx.server import pandas_probe
 
 
 class ProcedureLoader:
@@ -47,6 +48,7 @@ class ProcedureLoader:
         spec = importlib.util.spec_from_file_location(qualified, path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
+        pandas_probe.restore()  # user code: pyarrow must know pandas objects again
         sys.modules[qualified] = module
         try:
             spec.loader.exec_module(module)

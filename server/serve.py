@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
-import sys
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
 import grpc
-import pyarrow as pa
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from streamtx.server import log, reflection, security
+from streamtx.server import log, pandas_probe, reflection, security
 from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import decoding
@@ -151,32 +149,11 @@ class Server:
 
 def serve(config: ServerConfig, launched: Launch | None = None) -> None:
     """Runs a server until SIGTERM/SIGINT; uses uvloop unless told not to."""
-    _arrow_without_pandas()
+    pandas_probe.skip()
     try:
         _run(Server(config, launched), config.uvloop)
     finally:
         gc.collect()  # release DuckDB objects before interpreter teardown
-
-
-class _NoPandas:
-    @staticmethod
-    def find_spec(name: str, path: object = None, target: object = None) -> None:
-        if name == "pandas":
-            raise ImportError("pandas is not probed on the front")
-
-
-def _arrow_without_pandas() -> None:
-    """Lets pyarrow's one-time probe for pandas find none in the front process.
-
-    The first `pa.array` of a Python list imports pandas (0.6-0.9 s of CPU on a 2-core machine, a third of the
-    front's start-up) only to ask whether the list is a pandas object; the front never builds Arrow from pandas.
-    pandas itself stays importable: `import pandas` and `to_pandas()` work as usual afterwards.
-    """
-    sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
-    try:
-        pa.array([0])
-    finally:
-        sys.meta_path.remove(_NoPandas)  # type: ignore[arg-type]
 
 
 def _run(server: Server, use_uvloop: bool) -> None:

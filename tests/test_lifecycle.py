@@ -394,3 +394,42 @@ def test_second_server_on_the_same_data_dir_exits_naming_it(launch):
     assert push(first.stub, 2, [4]).outcome == pb.COMMITTED
     assert query(first.stub, "SELECT sum(a) AS s FROM life_t") == {"s": [10]}
     assert status(first.stub).tables == ["life_t"]
+
+
+# --------------------------------------------------------------------------- user code in the processes
+PANDAS_PROCS = """
+import pandas as pd
+from streamtx.procedure import Tx, procedure
+
+
+@procedure(emits=["halved"])
+def halves(tx: Tx) -> None:
+    x = pd.Series(tx.batch.column("a").to_pylist(), dtype="Int64")
+    tx.emit("halved", {"a": x, "half": (x // 2).where(x % 2 == 0)})
+"""
+
+
+def test_a_procedure_emitting_pandas_series_keeps_their_nulls(tmp_path):
+    """Server processes keep pyarrow from importing pandas for their own use (server/pandas_probe.py); a
+    procedure module gets pyarrow's pandas conversions back, so <NA> in a Series is a NULL, not an error."""
+    procs = tmp_path / "procs"
+    procs.mkdir()
+    (procs / "frames.py").write_text(PANDAS_PROCS)
+    script = (
+        "CREATE STREAM nums (a BIGINT);\n"
+        "CREATE STREAM halved (a BIGINT, half BIGINT);\n"
+        "CREATE TABLE kept (a BIGINT, half BIGINT);\n"
+        "CREATE PROCEDURE halve ON STREAM nums AS PYTHON 'frames:halves';\n"
+        "CREATE PROCEDURE keep ON STREAM halved AS BEGIN INSERT INTO kept SELECT a, half FROM halved; END;"
+    )
+    from streamtx.client import Client
+
+    with EmbeddedServer(tmp_path / "data", extra_args=["--procedures-path", str(procs)]) as srv:
+        with Client(srv.target) as c:
+            c.deploy(script)
+            assert c.push("nums", {"a": [4, 7, None]}).result().outcome == "committed"
+            assert c.query("SELECT a, half FROM kept ORDER BY a NULLS LAST").fetchall() == [
+                (4, 2),
+                (7, None),
+                (None, None),
+            ]

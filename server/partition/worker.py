@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from streamtx.errors import DataLoss, FailedPrecondition, Internal, StreamTxError
 from streamtx.recovery import CorruptCheckpoint, CorruptLog, LogFailed
-from streamtx.server import log
+from streamtx.server import log, pandas_probe
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.collector import Collector
@@ -493,6 +493,7 @@ def main(argv: list[str] | None = None) -> None:
     log.configure(args.config.log_format)
     _die_with_parent(args.parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front decides when we stop
+    pandas_probe.skip()
     sock = socket.socket(fileno=args.fd)
     try:
         worker = Worker(args.partition, SocketFrames(sock), args.config)
