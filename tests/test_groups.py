@@ -3,7 +3,8 @@
 p1 and p2 run in one dataflow; their TEs for a batch are one isolation unit
 (nothing outside sees the state between them) and are undone together. p1
 writes X, p2 writes the matching Y, so `X == Y` is the invariant every reader
-must see. Real server per test (conftest `server`/`client`).
+must see. The tests of a partition count share a real server (conftest
+`shared_client`), each deploying its app afresh on the emptied server.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from streamtx.client import Client
 from streamtx.errors import InvalidArgument
 
 PARTITIONS = PARTITION_COUNTS
+GROUPS = ("g",)  # the transaction groups its scripts create, for drop_all (conftest)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -58,16 +60,16 @@ def xy(client) -> tuple:
     return client.query(XY).fetchall()[0]
 
 
-def test_readers_never_see_the_state_between_group_members(server, client):
-    client.deploy(GROUP_APP)
-    client.call("init")
+def test_readers_never_see_the_state_between_group_members(shared_client):
+    shared_client.deploy(GROUP_APP)
+    shared_client.call("init")
     stop = threading.Event()
     seen: list[list[tuple]] = [[], []]
     errors: list[BaseException] = []
 
     def reader(mine: list[tuple]) -> None:
         try:
-            with Client(server.target) as r:
+            with Client(shared_client.target) as r:
                 i = 0
                 while not stop.is_set() or i < 10:
                     row = r.query(XY).fetchall()[0] if i % 2 else r.call("check_xy")[0].fetchall()[0]
@@ -81,7 +83,7 @@ def test_readers_never_see_the_state_between_group_members(server, client):
         t.start()
     try:
         batches = [[i, -i] if i % 10 == 0 else [i, 2 * i] for i in range(1, 201)]
-        acks = [f.result() for f in [client.push("s1", {"x": xs}) for xs in batches]]
+        acks = [f.result() for f in [shared_client.push("s1", {"x": xs}) for xs in batches]]
     finally:
         stop.set()
         for t in threads:
@@ -102,43 +104,45 @@ def test_readers_never_see_the_state_between_group_members(server, client):
             assert ack.outcome == "committed" and ack.reason == "", ack
     good = [xs for xs in batches if min(xs) >= 0]
     total = sum(sum(xs) for xs in good)
-    assert xy(client) == (total, total, len(good), len(good))
-    assert client.query("SELECT count(*) FROM x_out").fetchall() == [(2 * len(good),)]
+    assert xy(shared_client) == (total, total, len(good), len(good))
+    assert shared_client.query("SELECT count(*) FROM x_out").fetchall() == [(2 * len(good),)]
 
 
-def test_group_abort_undoes_every_member_and_the_window(client):
-    client.deploy(GROUP_APP)
-    client.call("init")
-    a = client.push("s1", {"x": [1, 2]}).result()
-    bad = client.push("s1", {"x": [5, -4]}).result()
-    c = client.push("s1", {"x": [3]}).result()
+def test_group_abort_undoes_every_member_and_the_window(shared_client):
+    shared_client.deploy(GROUP_APP)
+    shared_client.call("init")
+    a = shared_client.push("s1", {"x": [1, 2]}).result()
+    bad = shared_client.push("s1", {"x": [5, -4]}).result()
+    c = shared_client.push("s1", {"x": [3]}).result()
     assert (a.outcome, bad.outcome, c.outcome) == ("committed", "rejected", "committed")
     assert "p2 refuses -4" in bad.reason and "transaction group g" in bad.reason
-    assert xy(client) == (6, 6, 2, 2)
+    assert xy(shared_client) == (6, 6, 2, 2)
     # p1's emission on x_out and p2's window were undone with the group
-    assert client.query("SELECT batch_id, x FROM x_out ORDER BY batch_id, x").fetchall() == [
+    assert shared_client.query("SELECT batch_id, x FROM x_out ORDER BY batch_id, x").fetchall() == [
         (a.timestamp, 1),
         (a.timestamp, 2),
         (c.timestamp, 3),
     ]
-    assert client.query("SELECT b, xs FROM wlog ORDER BY b").fetchall() == [
+    assert shared_client.query("SELECT b, xs FROM wlog ORDER BY b").fetchall() == [
         (a.timestamp, [1, 2]),
         (c.timestamp, [1, 2, 3]),
     ]
-    assert client.query("SELECT count(*) FROM windows.w WHERE batch_id = $b", {"b": bad.timestamp}).fetchall() == [(0,)]
+    assert shared_client.query(
+        "SELECT count(*) FROM windows.w WHERE batch_id = $b", {"b": bad.timestamp}
+    ).fetchall() == [(0,)]
     for s in ("s1", "s2"):
-        assert client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
+        assert shared_client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
 
 
-def test_subscribers_do_not_see_a_batch_of_an_undone_group(client):
-    client.deploy(GROUP_APP)
-    client.call("init")
-    a = client.push("s1", {"x": [1]}).result()
-    bad = client.push("s1", {"x": [-1]}).result()
-    c = client.push("s1", {"x": [2]}).result()
+def test_subscribers_do_not_see_a_batch_of_an_undone_group(shared_client):
+    shared_client.deploy(GROUP_APP)
+    shared_client.call("init")
+    a = shared_client.push("s1", {"x": [1]}).result()
+    bad = shared_client.push("s1", {"x": [-1]}).result()
+    c = shared_client.push("s1", {"x": [2]}).result()
     assert bad.outcome == "rejected"
     got = []
-    for batch_id, rows in client.subscribe("x_out", from_batch=0):
+    for batch_id, rows in shared_client.subscribe("x_out", from_batch=0):
         got.append((batch_id, rows.fetchall()))
         if batch_id >= c.timestamp:
             break
@@ -172,39 +176,39 @@ CREATE TRANSACTION GROUP g (p1, p2);
 """
 
 
-def test_interior_group_abort_leaves_procedures_outside_the_group_alone(client):
-    client.deploy(INTERIOR_GROUP)
-    acks = [client.push("s0", {"x": xs}).result() for xs in ([1], [2, -7], [3])]
+def test_interior_group_abort_leaves_procedures_outside_the_group_alone(shared_client):
+    shared_client.deploy(INTERIOR_GROUP)
+    acks = [shared_client.push("s0", {"x": xs}).result() for xs in ([1], [2, -7], [3])]
     first, bad, last = acks
     assert [x.outcome for x in acks] == ["committed"] * 3  # the border TE (p0) committed every time
     assert "p2" in bad.reason and "transaction group g undone" in bad.reason and "p2 refuses -7" in bad.reason
     assert first.reason == last.reason == ""
     b1, b2, b3 = (x.timestamp for x in acks)
     # outside the group: p0 (upstream) and pz (a sibling of p1 on s1) keep their effects
-    assert client.query("SELECT b, n FROM a ORDER BY b").fetchall() == [(b1, 1), (b2, -5), (b3, 3)]
-    assert client.query("SELECT b, n FROM z ORDER BY b").fetchall() == [(b1, 1), (b2, -5), (b3, 3)]
+    assert shared_client.query("SELECT b, n FROM a ORDER BY b").fetchall() == [(b1, 1), (b2, -5), (b3, 3)]
+    assert shared_client.query("SELECT b, n FROM z ORDER BY b").fetchall() == [(b1, 1), (b2, -5), (b3, 3)]
     # inside: p1's write for the refused batch was undone with p2
-    assert client.query("SELECT b, n FROM xt ORDER BY b").fetchall() == [(b1, 1), (b3, 3)]
-    assert client.query("SELECT b, n FROM yt ORDER BY b").fetchall() == [(b1, 1), (b3, 3)]
+    assert shared_client.query("SELECT b, n FROM xt ORDER BY b").fetchall() == [(b1, 1), (b3, 3)]
+    assert shared_client.query("SELECT b, n FROM yt ORDER BY b").fetchall() == [(b1, 1), (b3, 3)]
     for s in ("s0", "s1", "s2"):
-        assert client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
+        assert shared_client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
 
 
-def test_group_members_run_back_to_back(client):
+def test_group_members_run_back_to_back(shared_client):
     """pz, a sibling of p1 on s1 outside the group, ranks between p1 and p2 but never runs between them."""
     script = INTERIOR_GROUP.replace(
         "INSERT INTO z SELECT $ts, sum(x) FROM s1;",
         "INSERT INTO z SELECT $ts, (SELECT count(*) FROM xt) - (SELECT count(*) FROM yt);",
     )
     assert script != INTERIOR_GROUP
-    client.deploy(script)
-    acks = [client.push("s0", {"x": [i]}).result() for i in range(1, 6)]
+    shared_client.deploy(script)
+    acks = [shared_client.push("s0", {"x": [i]}).result() for i in range(1, 6)]
     assert all(x.outcome == "committed" and not x.reason for x in acks)
-    assert client.query("SELECT b, n FROM z ORDER BY b").fetchall() == [(x.timestamp, 0) for x in acks]
-    assert client.query("SELECT count(*) FROM xt").fetchall() == [(5,)]
+    assert shared_client.query("SELECT b, n FROM z ORDER BY b").fetchall() == [(x.timestamp, 0) for x in acks]
+    assert shared_client.query("SELECT count(*) FROM xt").fetchall() == [(5,)]
 
 
-def test_group_split_by_a_non_member_is_refused_or_undone_as_a_whole(client):
+def test_group_split_by_a_non_member_is_refused_or_undone_as_a_whole(shared_client):
     script = """
 CREATE TABLE log (who VARCHAR, b BIGINT);
 CREATE STREAM s1 (x BIGINT);
@@ -225,13 +229,13 @@ END;
 CREATE TRANSACTION GROUP g (p1, p3);
 """
     try:
-        client.deploy(script)
+        shared_client.deploy(script)
     except InvalidArgument as e:
         assert "g" in e.message
         return
-    ok = client.push("s1", {"x": [1]}).result()
-    bad = client.push("s1", {"x": [-1]}).result()
+    ok = shared_client.push("s1", {"x": [1]}).result()
+    bad = shared_client.push("s1", {"x": [-1]}).result()
     assert ok.outcome == "committed"
     # p3 aborted: the group (p1 and p3) is undone; p1 is the border procedure, so the batch is rejected
     assert bad.outcome == "rejected", bad
-    assert client.query("SELECT who FROM log WHERE b = $b ORDER BY who", {"b": bad.timestamp}).fetchall() == []
+    assert shared_client.query("SELECT who FROM log WHERE b = $b ORDER BY who", {"b": bad.timestamp}).fetchall() == []
