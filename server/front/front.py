@@ -107,7 +107,8 @@ class Front:
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
         ddl = [s.sql for s in create_statements(self.catalog.relations())]
-        await self.partitions.broadcast(pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True))
+        install = pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True, analyzed=self.catalog)
+        await self.partitions.broadcast(install)
         for marks, _ in await self.partitions.broadcast(pr.ReadMarks()):
             self.sequencer.load_marks(marks.marks, marks.last_ts)
         self.recovery_seconds = time.perf_counter() - started
@@ -128,7 +129,7 @@ class Front:
         sqltree.check_size(script, "deploy")
         async with self._deploy_lock:
             new, created, dropped, ddl = await asyncio.to_thread(self.catalog.deploy, script, self.loader.resolve)
-            await self.ask_all(pr.Install(new.to_json(), ddl))
+            await self.ask_all(pr.Install(new.to_json(), ddl, analyzed=new))
             await asyncio.to_thread(new.save, self.data_dir / CATALOG_FILE)
             self.catalog = new
             self.sequencer.forget_streams(set(new.streams))

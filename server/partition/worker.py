@@ -431,7 +431,8 @@ class Worker:
         have, new = eng.catalog.version, json.loads(c.catalog).get("version", 0)
         if (c.startup or self._again) and (have > new or (have == new and (have or not c.ddl))):
             return None, []  # recovered already, a deploy the front had not finished when a worker died included
-        eng.install(Catalog.from_json(c.catalog, eng.loader.resolve), c.ddl, c.map)
+        catalog = c.analyzed if c.analyzed is not None else Catalog.from_json(c.catalog, eng.loader.resolve)
+        eng.install(catalog, c.ddl, c.map)
         self.journal.install(c.catalog, c.ddl, c.map)
         return None, []
 
