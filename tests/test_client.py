@@ -100,6 +100,26 @@ def test_duplicate_repush_changes_nothing(deployed: EmbeddedServer) -> None:
     assert n == 20  # exactly once
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_a_stream_created_again_answers_duplicates_with_its_own_timestamps(tmp_path: Path, partitions: int) -> None:
+    """Dropping a stream forgets what each producer pushed on it: batch 1 on the stream created again is new, and
+    its re-send is a duplicate of that batch, with that batch's timestamp (not the dropped stream's)."""
+    with EmbeddedServer(tmp_path / "data", partitions=partitions) as srv, Client(srv.target, producer_id="p") as c:
+        c.deploy(SCRIPT)
+        first = [c.push("events", rows(2), batch_id=i).result() for i in (1, 2, 3)]
+        c.deploy("DROP PROCEDURE tally; DROP STREAM events;")
+        c.deploy(
+            "CREATE STREAM events (k BIGINT, v BIGINT);\n"
+            "CREATE PROCEDURE tally() ON STREAM events AS BEGIN INSERT INTO totals SELECT k, sum(v) FROM events "
+            "GROUP BY k ON CONFLICT (k) DO UPDATE SET n = totals.n + excluded.n; END;"
+        )
+        again = c.push("events", rows(2), batch_id=1).result()
+        resent = c.push("events", rows(2), batch_id=1).result()
+    assert [r.outcome for r in first] == ["committed"] * 3
+    assert again.outcome == "committed" and again.timestamp > first[-1].timestamp
+    assert (resent.outcome, resent.original, resent.timestamp) == ("duplicate", "committed", again.timestamp)
+
+
 def test_protobuf_rows_and_push_one(deployed: EmbeddedServer) -> None:
     async def go() -> tuple[PushResult, PushResult, int]:
         async with AsyncClient(deployed.target, arrow=False) as c:

@@ -200,6 +200,7 @@ def _drop_object(kind: str, name: str) -> list[str]:
             f"DROP TABLE {STREAM_SCHEMA}.{quote(name)}",
             f"DELETE FROM {SYSTEM_SCHEMA}.producers WHERE stream = {literal}",
             f"DELETE FROM {SYSTEM_SCHEMA}.rejections WHERE stream = {literal}",
+            f"DELETE FROM {SYSTEM_SCHEMA}.taken WHERE stream = {literal}",
         ]
     if kind == "window":
         return [
