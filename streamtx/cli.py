@@ -471,7 +471,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     summary.add_row("version", str(status.get("version", "")))
     summary.add_row("executor", str(status.get("executor", "")))
     summary.add_row("last timestamp", str(status.get("last_timestamp", "")))
-    for kind in ("tables", "views", "streams", "windows", "procedures", "triggers"):
+    for kind in ("tables", "views", "indexes", "streams", "windows", "procedures", "triggers", "groups"):
         names = status.get(kind) or []
         summary.add_row(kind, _escape(", ".join(names)) if names else "[dim]-[/dim]")
     console.print(summary)

@@ -37,19 +37,15 @@ def client(server):
         yield c
 
 
-def drop_all(client, groups: tuple[str, ...] = ()) -> None:
-    """Drops every object the server holds (triggers first, tables last), so a module-scoped server
-    can be deployed afresh for each test.
-
-    Status does not list transaction groups: `groups` names those the caller's scripts create, dropped
-    (if they exist) before the procedures they hold.
-    """
+def drop_all(client) -> None:
+    """Drops every object the server holds (groups and triggers first, tables last), so a module-scoped
+    server can be deployed afresh for each test."""
     status = client.status()
-    drops = [f"DROP TRANSACTION GROUP IF EXISTS {name};" for name in groups if status.get("procedures")]
+    drops = [f"DROP TRANSACTION GROUP {name};" for name in status.get("groups", [])]
     drops += [
         f"DROP {kind.upper()} {name};"
-        for kind in ("trigger", "procedure", "window", "stream", "view", "table")
-        for name in status.get(kind + "s", [])
+        for kind in ("trigger", "procedure", "window", "stream", "index", "view", "table")
+        for name in status.get(("indexes" if kind == "index" else kind + "s"), [])
     ]
     if drops:
         client.deploy("\n".join(drops))
@@ -106,7 +102,7 @@ def shared_server(request, tmp_path_factory) -> Iterator[SharedServer]:
 @pytest.fixture
 def shared_client(request, shared_server: SharedServer):
     """A new client (its own producer id) of the module's shared server, emptied by `drop_all`: each test
-    deploys its app afresh. Groups the module's scripts create are named by its GROUPS (see `drop_all`).
+    deploys its app afresh.
 
     What a fresh server would not have is left over: the global timestamp ($ts, `timestamp` in push
     results) goes on from the previous test's, and the status counters add up. A test that failed (or
@@ -118,7 +114,7 @@ def shared_client(request, shared_server: SharedServer):
     c = Client(shared_server.target)
     emptied = False
     try:
-        drop_all(c, getattr(request.module, "GROUPS", ()))
+        drop_all(c)
         emptied = True
         yield c
     finally:

@@ -235,6 +235,8 @@ def test_sync_client_surface(client: Client) -> None:
     status = client.status()
     assert status["executor"] in ("serial", "opchain")
     assert status["streams"] == ["events", "raw"] and "totals" in status["tables"]
+    client.deploy("CREATE INDEX totals_n ON totals (n);")
+    assert client.status()["indexes"] == ["totals_n"]
     assert status["partitions"][0]["alive"] is True
     assert isinstance(status["last_timestamp"], int) and status["last_timestamp"] >= 8
     assert all(isinstance(v, int) for v in status["counters"].values())

@@ -18,7 +18,6 @@ from streamtx.client import Client
 from streamtx.errors import InvalidArgument
 
 PARTITIONS = PARTITION_COUNTS
-GROUPS = ("g",)  # the transaction groups its scripts create, for drop_all (conftest)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -62,6 +61,7 @@ def xy(client) -> tuple:
 
 def test_readers_never_see_the_state_between_group_members(shared_client):
     shared_client.deploy(GROUP_APP)
+    assert shared_client.status()["groups"] == ["g"]  # conftest's drop_all drops it by this list
     shared_client.call("init")
     stop = threading.Event()
     seen: list[list[tuple]] = [[], []]

@@ -328,6 +328,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             procedures=cat.names("procedure"),
             triggers=cat.names("trigger"),
             views=cat.names("view"),
+            groups=cat.names("group"),
+            indexes=cat.names("index"),
             counters=st["counters"],
             last_timestamp=st["last_timestamp"],
             stream_metrics=st["stream_metrics"],

@@ -337,7 +337,7 @@ class StreamMetrics(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., committed: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -358,6 +358,8 @@ class StatusResponse(_message.Message):
     VIEWS_FIELD_NUMBER: _ClassVar[int]
     STREAM_METRICS_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    INDEXES_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -371,7 +373,9 @@ class StatusResponse(_message.Message):
     views: _containers.RepeatedScalarFieldContainer[str]
     stream_metrics: _containers.RepeatedCompositeFieldContainer[StreamMetrics]
     recovery_seconds: float
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ...) -> None: ...
+    groups: _containers.RepeatedScalarFieldContainer[str]
+    indexes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("stream", "with_complete_through")
