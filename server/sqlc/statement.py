@@ -36,7 +36,7 @@ from streamtx.server.sqlc.expr import Code, compile_expr
 from streamtx.server.sqlc.query import Names, Query, Relation, _Gen, batch_only, plan_query
 
 
-@dataclass
+@dataclass(frozen=True)
 class Result:
     """What a statement did: rows for an OLTP caller, tuples emitted on a stream.
 
@@ -52,6 +52,10 @@ class Result:
     def emitted_table(self) -> pa.Table:
         assert self.emitted is not None and self.schema is not None
         return _table(self.emitted, self.schema)
+
+
+NOTHING = Result()
+"""The result of a statement that returns and emits nothing (most of them): one object, not one per run."""
 
 
 @dataclass
@@ -166,7 +170,7 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
         def emit(ctx: Ctx) -> Result:
             rows = fn(ctx)
             if not rows:
-                return Result()
+                return NOTHING
             return Result(emitted=list(map(build, rows)), schema=schema)
 
         return Statement("emit", rel.name, emit, describe, q.source, _prefetch(q))
@@ -179,7 +183,7 @@ def _insert(tree: exp.Insert, names: Names, gen: _Gen) -> Statement:
 
     def insert(ctx: Ctx) -> Result:
         apply(ctx, fn(ctx))
-        return Result()
+        return NOTHING
 
     pre = _prefetch(q)
     key_of_batch = _inserted_keys(q, columns, rel)
@@ -444,7 +448,7 @@ def _update(tree: exp.Update, names: Names, gen: _Gen) -> Statement:
             old = store.row(rel.name, key)
             assert old is not None
             store.put(rel.name, key, {**old, **{c: v for (c, _), v in zip(sets, values, strict=True)}})
-        return Result()
+        return NOTHING
 
     describe = [f"update {rel.name} set {', '.join(c for c, _ in sets)}", *(f"  {line}" for line in q.describe)]
     return Statement("update", rel.name, update, describe, q.source, _prefetch(q))
@@ -469,7 +473,7 @@ def _delete(tree: exp.Delete, names: Names, gen: _Gen) -> Statement:
         keys = [r[0] if single else tuple(r) for r in fn(ctx)]
         for key in keys:
             ctx.store.put(rel.name, key, None)
-        return Result()
+        return NOTHING
 
     describe = [f"delete from {rel.name}", *(f"  {line}" for line in q.describe)]
     return Statement("delete", rel.name, delete, describe, q.source, _prefetch(q))
