@@ -155,6 +155,7 @@ class _Planner:
         self.keys: list[tuple[str, str, str]] = []
         self.used_outer: set[str] = set()
         self.projections: list[str] | None = None
+        self.kept: str | None = None  # the variable holding the only rows a top K can output (`_window_code`)
 
     # ---------------------------------------------------------------- plan
     def plan(self) -> Query:
@@ -544,12 +545,7 @@ class _Planner:
         codes = [env.compile(e) for _, e in items]
         self.projections = [c.source for c in codes]
         names = [n for n, _ in items]
-        unpack = f"{', '.join(row_vars)}," if row_vars else "_"
-        tail.append(
-            f"    O = []\n    for _i, ({unpack}) in enumerate(E):"
-            if row_vars
-            else "    O = []\n    for _i, _ in enumerate(E):"
-        )
+        tail.append("    O = []\n" + self._output_loop(f"{', '.join(row_vars)}," if row_vars else "_"))
         tail += self._pushed_filter(codes, names)
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, names, env, "E")
@@ -625,7 +621,7 @@ class _Planner:
         if windows:
             tail += self._window_code(windows, env, "E", items)
         codes = [env.compile(e) for _, e in items]
-        tail.append("    O = []\n    for _i, (_k, _a) in enumerate(E):")
+        tail.append("    O = []\n" + self._output_loop("_k, _a"))
         tail += self._pushed_filter(codes, [n for n, _ in items])
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, [n for n, _ in items], env, "E")
@@ -687,8 +683,17 @@ class _Planner:
             lines.append(f"    _g.sort(key=lambda _x: _x[0])\n    _number_{kind}(_g{top}, W, {j})")
             if caps[j] is not None:
                 self.describe.append(f"numbers only the first {caps[j]} rows (the enclosing query keeps no more)")
+                if self.kept is None and self.select.args.get("order") is None:  # `_finish` sorts E with O
+                    lines.append(f"    _T = sorted(_x[1] for _x in _g{top})")
+                    self.kept = "_T"
         self.describe.append("window: " + ", ".join(w.sql("duckdb") for w in windows))
         return lines
+
+    def _output_loop(self, unpack: str) -> str:
+        """The loop over E's rows that builds the output: all of them, or a top K's only, in E's order."""
+        if self.kept is None:
+            return f"    for _i, ({unpack}) in enumerate(E):"
+        return f"    for _i in {self.kept}:\n        {unpack} = E[_i]"
 
     def _row_cap(self, w: exp.Window, items: list[tuple[str, exp.Expression]]) -> int | None:
         """K when a condition moved in from the enclosing query keeps only rows `w` numbers at most K.
