@@ -37,16 +37,24 @@ def client(server):
         yield c
 
 
+_DROP_ORDER = (
+    ("TRIGGER", "triggers"),
+    ("PROCEDURE", "procedures"),
+    ("WINDOW", "windows"),
+    ("STREAM", "streams"),
+    ("INDEX", "indexes"),
+    ("VIEW", "views"),
+    ("TABLE", "tables"),
+)
+"""Each kind of object and the Status field listing it, in the order `drop_all` drops them."""
+
+
 def drop_all(client) -> None:
     """Drops every object the server holds (groups and triggers first, tables last), so a module-scoped
     server can be deployed afresh for each test."""
     status = client.status()
     drops = [f"DROP TRANSACTION GROUP {name};" for name in status.get("groups", [])]
-    drops += [
-        f"DROP {kind.upper()} {name};"
-        for kind in ("trigger", "procedure", "window", "stream", "index", "view", "table")
-        for name in status.get(("indexes" if kind == "index" else kind + "s"), [])
-    ]
+    drops += [f"DROP {kind} {name};" for kind, listed in _DROP_ORDER for name in status.get(listed, [])]
     if drops:
         client.deploy("\n".join(drops))
 

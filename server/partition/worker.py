@@ -428,7 +428,8 @@ class Worker:
 
     def _install(self, c: pr.Install, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
         eng = self.engine
-        have, new = eng.catalog.version, json.loads(c.catalog).get("version", 0)
+        have = eng.catalog.version
+        new = c.analyzed.version if c.analyzed is not None else json.loads(c.catalog).get("version", 0)
         if (c.startup or self._again) and (have > new or (have == new and (have or not c.ddl))):
             return None, []  # recovered already, a deploy the front had not finished when a worker died included
         catalog = c.analyzed if c.analyzed is not None else Catalog.from_json(c.catalog, eng.loader.resolve)

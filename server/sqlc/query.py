@@ -655,14 +655,11 @@ class _Planner:
         lines = [f"    W = [[{', '.join('None' if k is None else str(k + 1) for k in caps)}] for _ in {rows}]"]
         env.windows = windows
         for j, w in enumerate(windows):
-            fn = w.this
-            if not isinstance(fn, exp.RowNumber | exp.Rank | exp.DenseRank) and not (
-                isinstance(fn, exp.Anonymous) and fn.name.lower() in ("rank", "dense_rank", "row_number")
-            ):
-                raise Unsupported(f"window function {fn.sql('duckdb')} runs in DuckDB")
+            kind = _window_kind(w.this)
+            if kind is None:
+                raise Unsupported(f"window function {w.this.sql('duckdb')} runs in DuckDB")
             if w.args.get("spec") is not None:
                 raise Unsupported("window frames run in DuckDB")
-            kind = type(fn).__name__.lower() if not isinstance(fn, exp.Anonymous) else fn.name.lower().replace("_", "")
             parts = [env.compile(p) for p in (w.args.get("partition_by") or [])]
             order = w.args.get("order")
             orders = list(order.expressions) if order is not None else []
@@ -701,10 +698,7 @@ class _Planner:
         Only for `row_number()` over the whole input: the rows after the first
         K are then numbered K + 1, which that condition rejects before any use.
         """
-        fn = w.this
-        if not (isinstance(fn, exp.RowNumber) or (isinstance(fn, exp.Anonymous) and fn.name.lower() == "row_number")):
-            return None
-        if w.args.get("partition_by") or w.args.get("spec") is not None:
+        if _window_kind(w.this) != "rownumber" or w.args.get("partition_by") or w.args.get("spec") is not None:
             return None
         names = {n for n, e in items if isinstance(e, exp.Window) and e.sql() == w.sql()}
         caps = []
@@ -756,6 +750,15 @@ class _Planner:
             self.describe.append(f"limit {hi} offset {lo}")
         tail.append("    return O")
         return tail
+
+
+def _window_kind(fn: exp.Expression) -> str | None:
+    """ "rownumber", "rank" or "denserank" (the window functions that run compiled), else None."""
+    if isinstance(fn, exp.RowNumber | exp.Rank | exp.DenseRank):
+        return type(fn).__name__.lower()
+    if isinstance(fn, exp.Anonymous) and fn.name.lower() in ("rank", "dense_rank", "row_number"):
+        return fn.name.lower().replace("_", "")
+    return None
 
 
 def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
