@@ -104,6 +104,11 @@ RANKED = st.sampled_from(  # a filter over a subquery's columns (moved into it w
         "(SELECT k, row_number() OVER (ORDER BY v NULLS FIRST, k DESC) AS r FROM kv) WHERE 2 > r",
         "INSERT INTO outs SELECT k, r + q, 'two' FROM (SELECT k, row_number() OVER (ORDER BY v, k) AS r, "
         "rank() OVER (ORDER BY s) AS q FROM kv) WHERE r <= 2 AND q < 5",
+        # top Ks kept up to date between runs, through lookups of rows other statements write
+        "INSERT INTO outs SELECT id, r, label FROM (SELECT l.id, l.label, row_number() OVER "
+        "(ORDER BY coalesce(k.v, 0) DESC, l.id) AS r FROM lookup l LEFT JOIN kv k ON k.k = l.id) WHERE r <= 2",
+        "INSERT INTO outs SELECT k, r, s FROM (SELECT k.k, k.s, row_number() OVER (ORDER BY l.w DESC NULLS LAST, "
+        "k.v) AS r FROM kv k JOIN lookup l ON l.id = k.k WHERE k.v > -10) WHERE r <= 3",
     ]
 )
 
@@ -116,6 +121,7 @@ GUARDED = st.sampled_from(  # conditions that read no row of the FROM: tested on
         "INSERT INTO outs SELECT i.k, i.v, i.s FROM ins i WHERE (SELECT count(*) FROM ins) > {n} AND i.v * 4 > 0",
         "INSERT INTO outs SELECT i.k, i.v, i.s FROM ins i WHERE (SELECT max(w) FROM lookup) + i.v > {n}",
         "UPDATE kv SET v = v + 1 WHERE (SELECT count(*) FROM ins) >= {n}",
+        "INSERT INTO outs SELECT i.k, (SELECT count(*) FROM kv), i.s FROM ins i WHERE (SELECT count(*) FROM kv) > {n}",
     ]
 )
 
@@ -230,10 +236,44 @@ def test_the_statements_of_the_differential_test_compile(sql: str) -> None:
 
 
 def test_a_top_k_numbers_only_the_rows_the_enclosing_filter_keeps() -> None:
-    """`row_number() ... WHERE r <= 3` sorts every row but numbers three (the differential checks the rows)."""
+    """`row_number() ... WHERE r <= K` over a scan and lookups is kept up to date between runs; beside another
+    window it sorts every row but numbers K (the differential checks the rows)."""
     with Harness(deploy(["SELECT 1"])) as h:
         names = h.engine.sql_plans._names("p")
-    top = compile_statement(RANKED.elements[0], names).describe
-    assert any("numbers only the first 3 rows" in line for line in top), top
+    for sql in (RANKED.elements[0], *RANKED.elements[-2:]):
+        kept = compile_statement(sql, names).describe
+        assert any("kept up to date as rows change" in line for line in kept), kept
+    two = compile_statement(RANKED.elements[7], names).describe
+    assert any("numbers only the first 2 rows" in line for line in two), two
     ranked = compile_statement(RANKED.elements[1], names).describe  # rank(): ties share a number
-    assert not any("numbers only" in line for line in ranked), ranked
+    assert not any("numbers only" in line or "kept up to date" in line for line in ranked), ranked
+    counted = compile_statement(GUARDED.elements[-1].format(n=2), names).describe
+    assert any("count(*) of a whole table: its rows are not read" in line for line in counted), counted
+
+
+def test_a_kept_top_k_is_re_ranked_only_where_rows_changed() -> None:
+    """Between runs the ranking follows the writes of other statements, an abort and SQL run in DuckDB."""
+    body = [
+        "INSERT INTO kv SELECT k, v, s FROM ins WHERE k IS NOT NULL ON CONFLICT DO UPDATE SET v = excluded.v",
+        "SELECT error('no') FROM ins HAVING min(v) < -100",
+        RANKED.elements[-2],
+    ]
+    batches = [
+        [{"k": 3, "v": 50, "s": "a", "flag": True}],
+        [{"k": 1, "v": -300, "s": "b", "flag": True}],  # aborted: the ranking must not keep its write
+        [{"k": 2, "v": 500, "s": None, "flag": None}],
+        [{"k": 0, "v": 7, "s": None, "flag": False}, {"k": 4, "v": 8, "s": "c", "flag": False}],
+        [{"k": 2, "v": 1, "s": None, "flag": None}],
+    ]
+    run(
+        deploy(body + [IN_DUCKDB.elements[1]]),
+        [("ins", rows) for rows in batches],
+        setup=lambda h: h.call("fill"),
+        sql_compiler=("off", "on"),
+        interval_size=2,
+    )
+    with Harness(deploy(body), executor="opchain", interval_size=5) as h:
+        h.call("fill")
+        h.push_many([("ins", rows) for rows in batches])
+        counters = h.engine.counters
+        assert counters["ranked_kept"] >= 2 and counters["ranked_built"] >= 1, dict(counters)

@@ -12,6 +12,7 @@ DuckDB; write-back and write-behind are partition/state.py's.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from streamtx.errors import Aborted
@@ -19,6 +20,8 @@ from streamtx.procedure import Event, Key, Row
 
 Undo = tuple[dict[Key, Row | None], Key, Row | None, set[Key] | None]
 """How to take one write back: the table's rows, the key, its row before, and the dirty set it joined (if it did)."""
+LOG_MAX = 4096
+"""Keys a watched table's log holds before it starts again (`WorkingSet.logs`), at a commit."""
 UNHELD: Any = object()
 """The row before a write of a key the working set did not hold (not even as missing): rollback drops the key."""
 
@@ -31,6 +34,9 @@ class WorkingSet:
     `stamp(tables)` changes whenever the rows of `tables` may have changed (a
     write, a rollback, SQL about to write them): what was computed from them
     under an equal stamp still holds (an incremental window aggregate).
+    `logs` name the keys written to the tables someone `watch`es (a
+    leaderboard kept up to date, partition/ranked.py): (the table's version
+    when its log started, every key written since, repeats included).
     `absent` holds keys known missing from the table itself, which a
     write-back may plainly insert.
 
@@ -51,6 +57,7 @@ class WorkingSet:
         self.epoch = 0
         self.versions: dict[str, int] = {}  # writes per table, for `stamp`
         self.generation = 0  # changes when any table's rows may have changed outside `write`
+        self.logs: dict[str, tuple[int, list[Key]]] = {}
         self.undo: list[Undo] | None = None  # the open transaction's writes, oldest first
         self._begun: tuple[dict[str, dict[Key, Row | None]], dict[str, set[Key]], set[str]] | None = None
 
@@ -72,6 +79,20 @@ class WorkingSet:
         written.add(key)
         versions = self.versions
         versions[table] = versions.get(table, 0) + 1
+        log = self.logs.get(table)
+        if log is not None:
+            log[1].append(key)
+
+    def watch(self, table: str) -> None:
+        """From now on, `logs` name the keys written to `table`."""
+        if table not in self.logs:
+            self.logs[table] = (self.versions.get(table, 0), [])
+
+    def _unlog(self, tables: Iterable[str]) -> None:
+        """The rows of `tables` changed without `write` (their versions counted it): their logs start again."""
+        for t in tables:
+            if t in self.logs:
+                self.logs[t] = (self.versions[t], [])
 
     def stamp(self, tables: tuple[str, ...]) -> tuple[int, ...]:
         """Equal for two reads of `tables` only if nothing could have changed their rows in between."""
@@ -95,6 +116,7 @@ class WorkingSet:
         self.epoch += 1
         for t in tables:
             self.versions[t] = self.versions.get(t, 0) + 1
+        self._unlog(tables)
 
     def forget(self, table: str) -> None:
         """Drops one table's rows, written back already (none dirty); not inside a transaction."""
@@ -103,6 +125,8 @@ class WorkingSet:
         self.absent.pop(table, None)
         self.complete.discard(table)
         self.epoch += 1
+        self.versions[table] = self.versions.get(table, 0) + 1  # reloaded, its rows come in another order
+        self._unlog((table,))
 
     def written_back(self, tables: set[str] | None = None) -> None:
         """The dirty keys of `tables` (all: None) are in DuckDB now."""
@@ -115,6 +139,9 @@ class WorkingSet:
     def commit(self) -> None:
         self.undo = None
         self._begun = None
+        for table, (_, keys) in self.logs.items():
+            if len(keys) > LOG_MAX:  # readers this far behind read the whole table again
+                self.logs[table] = (self.versions[table], [])
 
     def rollback(self) -> None:
         """Back to the state at `begin`: rows and dirty keys. Known-missing keys are forgotten (DuckDB rolled back)."""
@@ -140,6 +167,7 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
     rows = ws.rows
     dirty = ws.dirty
     versions = ws.versions
+    logs = ws.logs
     undo: list[Undo] = []
     values: list[Row | None] = []
     try:
@@ -163,6 +191,9 @@ def apply_event(event: Event, ws: WorkingSet) -> None:
             have[key] = new
             written.add(key)
             versions[table] = versions.get(table, 0) + 1
+            log = logs.get(table)
+            if log is not None:
+                log[1].append(key)
             values.append(new)
     except Exception as e:
         _take_back(undo)

@@ -39,6 +39,7 @@ from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
+from streamtx.server.partition.ranked import Ranked, RowFn
 from streamtx.server.partition.views import Follower
 
 if TYPE_CHECKING:
@@ -366,6 +367,7 @@ class StateStore:
         self._begun: tuple[Pending, dict[str, int], dict[Mark, tuple[int, int]], int, dict[str, int]] | None = None
         self._taken_since_trim = 0
         self.views_on: dict[str, list[Follower]] = {}  # table -> its views (partition/views.py)
+        self.ranked: dict[str, Ranked] = {}  # compiled top-K statements' rankings, by the key they name
 
     def refresh_schema(self) -> None:
         """Reads primary keys and columns of the tables (after a deploy)."""
@@ -417,6 +419,7 @@ class StateStore:
                 self.checks[t] = check
         self.index.reset(kinds)
         self._shapes = {}
+        self.ranked = {}
         self.ws.clear()
         self.views_on = {t: [Follower(p) for p in plans] for t, plans in self.engine.catalog.views_on.items()}
 
@@ -551,7 +554,7 @@ class StateStore:
             have = ws.rows.setdefault(table, {})
             ws.load(table, {k: r for k, r in found.items() if k not in have})
             ws.complete.add(table)
-        return [r for r in ws.rows[table].values() if r is not None]
+        return list(filter(None, ws.rows[table].values()))  # a row is a dict of at least one column: never falsy
 
     def put(self, table: str, key: Any, row: Row | None) -> None:
         """Sets a row in the working set, and the views of its table with it."""
@@ -615,6 +618,16 @@ class StateStore:
     ) -> Groups:
         """`part` over the visible tuples of an in-memory window, kept up to date while `tables` stay unwritten."""
         return self.engine.windows.groups(name, key, self.ws.stamp(tables), part)
+
+    def top_rows(
+        self, key: str, table: str, looked_up: tuple[str, ...], row_fn: RowFn, k: int
+    ) -> tuple[list[tuple[Any, ...]], list[list[int]]]:
+        """The first `k` rows of a ranking over `table` (partition/ranked.py), kept up to date between calls
+        naming the same `key` (equal for equal `row_fn`s)."""
+        ranked = self.ranked.get(key)
+        if ranked is None:
+            ranked = self.ranked[key] = Ranked(table, looked_up, row_fn)
+        return ranked.top(self, k)
 
     def load(self, table: str, keys: list[Any]) -> None:
         """Loads the keys the working set lacks (a punctuation interval's lookups, at once)."""

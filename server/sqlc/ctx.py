@@ -32,7 +32,7 @@ class Store(Protocol):
 
     def row(self, table: str, key: Key) -> Row | None: ...
 
-    def rows(self, table: str, limit: int) -> Iterable[Row] | None: ...
+    def rows(self, table: str, limit: int) -> list[Row] | None: ...
 
     def put(self, table: str, key: Key, row: Row | None) -> None: ...
 
@@ -45,6 +45,10 @@ class Store(Protocol):
     ) -> dict[Any, list[int]]: ...
 
     def inserted_here(self, table: str, key: Key) -> bool: ...
+
+    def top_rows(
+        self, key: str, table: str, looked_up: tuple[str, ...], row_fn: Callable[..., Any], k: int
+    ) -> tuple[list[tuple[Any, ...]], list[list[int]]]: ...
 
 
 class Ctx:
@@ -82,11 +86,25 @@ class Ctx:
         """
         return self.store.window_groups(name, key, tables, part)
 
+    def top_rows(
+        self, key: str, table: str, looked_up: tuple[str, ...], row_fn: Callable[..., Any], k: int
+    ) -> tuple[list[tuple[Any, ...]], list[list[int]]]:
+        """A top K over a scan of `table` kept up to date as rows change (partition/ranked.py): the joined rows
+        of the first `k` by `row_fn`'s sort key, in the scan's order, and their row numbers."""
+        return self.store.top_rows(key, table, looked_up, row_fn, k)
+
     def scan(self, table: str) -> Iterator[Row]:
+        return iter(self._rows(table))
+
+    def count(self, table: str) -> int:
+        """`SELECT count(*) FROM table`, without a loop over its rows."""
+        return len(self._rows(table))
+
+    def _rows(self, table: str) -> list[Row]:
         rows = self.store.rows(table, SCAN_MAX)
         if rows is None:
             raise Fallback(f"table {table!r} holds more than {SCAN_MAX} rows")
-        return iter(list(rows))
+        return rows
 
 
 def one(row: Row | None) -> tuple[Row, ...]:

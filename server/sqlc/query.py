@@ -196,7 +196,7 @@ class _Planner:
             out_names, out_types, tail = self._grouped(body, depth, row_vars)
         else:
             body.append(_indent(depth, f"E.append({env_tuple})"))
-            out_names, out_types, tail = self._ungrouped(row_vars)
+            out_names, out_types, tail = self._ungrouped(row_vars, body)
         outer_vars = sorted(self.used_outer)
         header = [f"def {fn}(ctx{''.join(', ' + v for v in outer_vars)}):", "    P = ctx.params", "    E = []"]
         if any(line.lstrip().startswith(tuple(f"{s.var} = _get(" for s in self.sources)) for line in body):
@@ -534,13 +534,13 @@ class _Planner:
         return f"{q.fn_name}(ctx{''.join(', ' + v for v in q.outer)})"
 
     # ------------------------------------------------------------ ungrouped
-    def _ungrouped(self, row_vars: list[str]) -> tuple[list[str], list[SqlType], list[str]]:
+    def _ungrouped(self, row_vars: list[str], body: list[str]) -> tuple[list[str], list[SqlType], list[str]]:
         sel = self.select
         env = _EnvRows(self, row_vars)
         items = _select_items(sel, self.sources)
         windows = _windows(sel)
         tail: list[str] = []
-        if windows:
+        if windows and not self._ranked(windows, env, items, body):
             tail += self._window_code(windows, env, "E", items)
         codes = [env.compile(e) for _, e in items]
         self.projections = [c.source for c in codes]
@@ -601,7 +601,10 @@ class _Planner:
             body[:] = [*part, f"    G = ctx.window_groups({window!r}, {key!r}, {tables!r}, _part)"]
             self.describe.append(f"kept up to date as tuples enter and leave window {window}")
         else:
-            body.insert(0, "    G = {}")
+            count = self._whole_count(body, keys, aggs)
+            body[:] = (
+                ["    G = {}", *body] if count is None else [f"    G = {{(): [{', '.join([count] * len(specs))}]}}"]
+            )
             for j, s in enumerate(specs):
                 self.hoisted.append(f"    _fin{j} = {s.final}")
         env = _EnvGroups(self, keys, key_codes, aggs, specs)
@@ -626,6 +629,16 @@ class _Planner:
         tail.append(f"        O.append(({''.join(c.source + ', ' for c in codes)}))")
         tail += self._finish(sel, codes, [n for n, _ in items], env, "E")
         return [n for n, _ in items], [c.type for c in codes], tail
+
+    def _whole_count(self, body: list[str], keys: list[exp.Expression], aggs: list[exp.Expression]) -> str | None:
+        """`SELECT count(*) FROM t` alone (no WHERE, join or GROUP BY): the source of the count, read without a loop."""
+        scan = _SCAN.fullmatch(self.sources[0].loop) if len(self.sources) == 1 else None
+        if scan is None or keys or not all(isinstance(a, exp.Count) and isinstance(a.this, exp.Star) for a in aggs):
+            return None
+        if body[:2] != [f"    for {self.sources[0].var} in {self.sources[0].loop}:", "        _k = ()"]:
+            return None
+        self.describe.append("count(*) of a whole table: its rows are not read")
+        return f"ctx.count({scan.group(1)})"
 
     def _sliding(self, body: list[str], specs: list[_AggSpec]) -> tuple[str, tuple[str, ...]] | None:
         """The window and the tables read, if this grouping may be kept up to date as the window slides.
@@ -661,23 +674,22 @@ class _Planner:
             if w.args.get("spec") is not None:
                 raise Unsupported("window frames run in DuckDB")
             parts = [env.compile(p) for p in (w.args.get("partition_by") or [])]
-            order = w.args.get("order")
-            orders = list(order.expressions) if order is not None else []
-            ocodes = [(env.compile(o.this), bool(o.args.get("desc")), _nulls_first(o)) for o in orders]
-            if kind != "rownumber" and not ocodes:
+            orders = _window_orders(w)
+            if kind != "rownumber" and not orders:
                 raise Unsupported(f"{kind} without ORDER BY runs in DuckDB")
             pkey = f"({''.join(p.source + ', ' for p in parts)})"
-            okey = "(" + "".join(_order_key(c, d, n) for c, d, n in ocodes) + ")"
+            okey = _window_order_key(w, env)
             unpack = env.unpack()
             if parts:
                 lines.append(f"    _P = {{}}\n    for _i, {unpack} in enumerate({rows}):")
                 lines.append(f"        _P.setdefault({pkey}, []).append(({okey}, _i))")
-                lines.append("    for _g in _P.values():\n        _g.sort(key=lambda _x: _x[0])")
+                lines.append("    for _g in _P.values():\n        _g.sort()")
                 lines.append(f"        _number_{kind}(_g, W, {j})")
                 continue
             top = "" if caps[j] is None else f"[:{caps[j]}]"
+            # (key, index) pairs sort as a stable sort by key would: the indexes are unique and ascending
             lines.append(f"    _g = [({okey}, _i) for _i, {unpack} in enumerate({rows})]")
-            lines.append(f"    _g.sort(key=lambda _x: _x[0])\n    _number_{kind}(_g{top}, W, {j})")
+            lines.append(f"    _g.sort()\n    _number_{kind}(_g{top}, W, {j})")
             if caps[j] is not None:
                 self.describe.append(f"numbers only the first {caps[j]} rows (the enclosing query keeps no more)")
                 if self.kept is None and self.select.args.get("order") is None:  # `_finish` sorts E with O
@@ -685,6 +697,47 @@ class _Planner:
                     self.kept = "_T"
         self.describe.append("window: " + ", ".join(w.sql("duckdb") for w in windows))
         return lines
+
+    def _ranked(
+        self, windows: list[exp.Window], env: Any, items: list[tuple[str, exp.Expression]], body: list[str]
+    ) -> bool:
+        """Whether a top K is kept up to date between runs (partition/ranked.py) rather than sorted on each: then
+        `body` is rewritten to ask for it.
+
+        So it is for one `row_number()` capped by the enclosing query, over a
+        scan of a table joined only by primary-key lookups, each row's part
+        (filter, sort key) depending on nothing but its rows: no parameter,
+        subquery or outer row, and no ORDER BY of its own.
+        """
+        if len(windows) != 1 or self.select.args.get("order") is not None or not self.sources:
+            return False
+        cap = self._row_cap(windows[0], items)
+        first = self.sources[0]
+        scan = _SCAN.fullmatch(first.loop)
+        if cap is None or scan is None or self.outer or self.used_outer or self.subqueries or self.hoisted:
+            return False
+        if body[0] != f"    for {first.var} in {first.loop}:" or not body[-1].startswith("        E.append("):
+            return False  # a condition checked once, before any row: not per row
+        if any(s.table is None or not _LOOKUP.fullmatch(s.loop) for s in self.sources[1:]):
+            return False
+        env.windows = windows
+        okey = _window_order_key(windows[0], env)
+        if any(_READS_MORE.search(line) or line.startswith("         ") for line in [*body[1:], okey]):
+            return False  # reads more than its rows, or a nested loop
+        row = [f"    def _row({first.var}, _get):"]
+        row += [re.sub(r": continue$", ": return None", line) for line in body[1:-1]]
+        row.append(f"        return ({okey}, {body[-1].strip()[len('E.append(') : -1]})")
+        table = scan.group(1)
+        looked_up = tuple(dict.fromkeys(s.table for s in self.sources[1:] if s.table is not None))
+        key = hashlib.sha1("\n".join([table, *looked_up, *row]).encode()).hexdigest()[:16]
+        body[:] = [
+            *row,
+            f"    E, W = ctx.top_rows({key!r}, {table}, {looked_up!r}, _row, {cap})",
+            "    _T = range(len(E))",
+        ]
+        self.kept = "_T"
+        self.describe.append(f"the first {cap} by {windows[0].sql('duckdb')}, kept up to date as rows change")
+        return True
 
     def _output_loop(self, unpack: str) -> str:
         """The loop over E's rows that builds the output: all of them, or a top K's only, in E's order."""
@@ -740,7 +793,7 @@ class _Planner:
             key = "(" + "".join(_order_key(c, bool(o.args.get("desc")), _nulls_first(o)) for c, o in keys) + ")"
             tail.append(f"    _S = []\n    for _i, ({unpack}, _o) in enumerate(zip({rows}, O)):")
             tail.append(f"        _S.append(({key}, _i, _o))")
-            tail.append("    _S.sort(key=lambda _x: (_x[0], _x[1]))\n    O = [_x[2] for _x in _S]")
+            tail.append("    _S.sort()\n    O = [_x[2] for _x in _S]")  # `_i` is unique: `_o` is never compared
             self.describe.append("order by " + ", ".join(o.sql("duckdb") for o in order.expressions))
         offset, limit = sel.args.get("offset"), sel.args.get("limit")
         lo = _constant_int(offset.expression) if offset is not None else 0
@@ -761,6 +814,17 @@ def _window_kind(fn: exp.Expression) -> str | None:
     return None
 
 
+def _window_orders(w: exp.Window) -> list[exp.Ordered]:
+    order = w.args.get("order")
+    return list(order.expressions) if order is not None else []
+
+
+def _window_order_key(w: exp.Window, env: Any) -> str:
+    """The sort key of a row for window `w`, as a tuple's source."""
+    terms = [_order_key(env.compile(o.this), bool(o.args.get("desc")), _nulls_first(o)) for o in _window_orders(w)]
+    return "(" + "".join(terms) + ")"
+
+
 def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
     """One ORDER BY term's sort key (with a trailing comma): numbers sort without a wrapper object."""
     kind = code.type.kind
@@ -775,6 +839,7 @@ def _order_key(code: Code, desc: bool, nulls_first: bool) -> str:
 
 # ------------------------------------------------------------------ envs
 _LOOKUP = re.compile(r"_(one|opt)\(ctx\.get\((.*)\)\)")
+_SCAN = re.compile(r"ctx\.scan\(('\w+')\)")
 _READS_MORE = re.compile(r"\bP\[|\bctx\b|\bS\d+\b")  # a parameter, the context, a subquery's result
 
 
