@@ -18,10 +18,9 @@ rebuild from a full scan, as does an exception while rows were recomputed.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable
 from typing import Any
-
-from sortedcontainers import SortedList
 
 from streamtx.server.partition.opchain import WorkingSet
 from streamtx.server.sqlc.ctx import SCAN_MAX, Fallback, Key, Row
@@ -41,7 +40,7 @@ class Ranked:
         self.ws: WorkingSet | None = None  # the working set it reflects; None: rebuild
         self.generation = -1
         self.seen: dict[str, int] = {}  # each table's version when last brought up to date
-        self.order: SortedList = SortedList()  # (sort key, position in the scan)
+        self.order: list[tuple[Any, int]] = []  # (sort key, position in the scan), sorted
         self.entry: dict[Key, tuple[Any, int]] = {}  # kept key -> its item in `order`
         self.joined: dict[int, tuple[Any, ...]] = {}  # position -> the joined rows
         self.position: dict[Key, int] = {}  # every key of the table held, in the scan's order
@@ -62,10 +61,9 @@ class Ranked:
         except BaseException:
             self.ws = None
             raise
-        first = self.order[:k]
-        kept = sorted(range(len(first)), key=lambda i: first[i][1])
+        kept = sorted([(position, rank) for rank, (_, position) in enumerate(self.order[:k], 1)])
         joined = self.joined
-        return [joined[first[i][1]] for i in kept], [[i + 1] for i in kept]
+        return [joined[position] for position, _ in kept], [[rank] for _, rank in kept]
 
     def _build(self, store: Any, ws: WorkingSet) -> None:
         self.ws = None
@@ -74,13 +72,17 @@ class Ranked:
         if store.rows(self.table, SCAN_MAX) is None:
             raise Fallback(f"table {self.table!r} holds more than {SCAN_MAX} rows")
         have = ws.rows[self.table]
-        self.order = SortedList()
+        self.order = []
         self.entry, self.joined, self.reads, self.readers = {}, {}, {}, {}
         self.position = {key: i for i, key in enumerate(have)}
         self.seen = {}
+        order = self.order
         for key, row in have.items():
             if row is not None:
-                self._compute(store, key, row)
+                item = self._compute(store, key, row)
+                if item is not None:
+                    order.append(item)
+        order.sort()
         self._seen(ws)
 
     def _catch_up(self, store: Any, ws: WorkingSet) -> bool:
@@ -109,12 +111,14 @@ class Ranked:
             for key in stale:
                 self._forget(key)
                 row = have.get(key)
-                if row is not None:
-                    self._compute(store, key, row)
+                item = None if row is None else self._compute(store, key, row)
+                if item is not None:
+                    insort(self.order, item)
         self._seen(ws)
         return True
 
-    def _compute(self, store: Any, key: Key, row: Row) -> None:
+    def _compute(self, store: Any, key: Key, row: Row) -> tuple[Any, int] | None:
+        """The row's item for `order` (None: filtered out), noting what its lookups read; `order` is the caller's."""
         reads: list[tuple[str, Key]] = []
         get = store.row
 
@@ -126,16 +130,18 @@ class Ranked:
         self.reads[key] = reads
         for r in reads:
             self.readers.setdefault(r, set()).add(key)
-        if out is not None:
-            item = (out[0], self.position[key])
-            self.order.add(item)
-            self.entry[key] = item
-            self.joined[item[1]] = out[1]
+        if out is None:
+            return None
+        item = (out[0], self.position[key])
+        self.entry[key] = item
+        self.joined[item[1]] = out[1]
+        return item
 
     def _forget(self, key: Key) -> None:
         item = self.entry.pop(key, None)
         if item is not None:
-            self.order.remove(item)
+            order = self.order
+            del order[bisect_left(order, item)]
             del self.joined[item[1]]
         for r in self.reads.pop(key, ()):
             readers = self.readers[r]
