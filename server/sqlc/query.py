@@ -78,6 +78,7 @@ class Source:
     describe: str = ""
     not_null: frozenset[str] = frozenset()  # columns never NULL in a row it holds (a table's NOT NULL and key)
     table: str | None = None  # the window read, or the table looked up by primary key
+    positions: dict[str, int] | None = None  # a subquery's rows are tuples: each column's position in them
 
 
 @dataclass
@@ -254,8 +255,9 @@ class _Planner:
             self._correlated(q)
             self.subqueries.append(q)
             cols = dict(zip(q.names, q.types, strict=True))
-            loop = f"_dicts({q.fn_name}(ctx{''.join(', ' + v for v in q.outer)}), {tuple(q.names)!r})"
-            src = Source(alias, var, cols, loop, describe=f"subquery {alias}")
+            loop = f"{q.fn_name}(ctx{''.join(', ' + v for v in q.outer)})"
+            positions = {n: i for i, n in enumerate(q.names)}  # a repeated name reads its last, as a dict would
+            src = Source(alias, var, cols, loop, describe=f"subquery {alias}", positions=positions)
             self.describe += [f"  {line}" for line in q.describe]
             return self._enter(src, on or [], body, depth)
         if not isinstance(node, exp.Table) or node.db or not node.name:
@@ -424,8 +426,9 @@ class _Planner:
                 codes = [c for c, k in zip(codes, constant, strict=True) if not k]
         if not any(c.fails for c in codes):
             return [_indent(depth, f"if ({c.source}) is not True: continue") for c in codes]
-        whole = ("ctx.batch", "ctx.scan(", "_dicts(", "ctx.window(")
-        if len(self.sources) + len(self.outer) > 1 or not self.sources[0].loop.startswith(whole):
+        whole = ("ctx.batch", "ctx.scan(", "ctx.window(")
+        only = self.sources[0] if len(self.sources) + len(self.outer) == 1 else None
+        if only is None or not (only.loop.startswith(whole) or only.positions is not None):
             bad = next(c for c, code in zip(conjuncts, codes, strict=True) if code.fails)
             raise Unsupported(f"{bad.sql('duckdb')} may raise an error in a join's condition: it runs in DuckDB")
         values = "".join(f"{c.source}, " for c in codes)
@@ -978,9 +981,10 @@ def _param(names: Names, name: str) -> Code:
 
 
 def _read(src: Source, name: str) -> Code:
+    at = repr(name) if src.positions is None else src.positions[name]
     if src.nullable:
-        return Code(f"(None if {src.var} is None else {src.var}[{name!r}])", src.columns[name], False)
-    return Code(f"{src.var}[{name!r}]", src.columns[name], False, not_null=name in src.not_null)
+        return Code(f"(None if {src.var} is None else {src.var}[{at}])", src.columns[name], False)
+    return Code(f"{src.var}[{at}]", src.columns[name], False, not_null=name in src.not_null)
 
 
 def _window_value(windows: list[exp.Window], node: exp.Window) -> Code:

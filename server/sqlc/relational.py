@@ -46,10 +46,6 @@ def column(rows: list[tuple[Any, ...]]) -> list[Any]:
     return [r[0] for r in rows]
 
 
-def dicts(rows: list[tuple[Any, ...]], names: tuple[str, ...]) -> list[dict[str, Any]]:
-    return [dict(zip(names, r, strict=True)) for r in rows]
-
-
 class _Desc:
     """Reverses the order of any comparable value (strings included) for descending sort keys."""
 
@@ -123,7 +119,6 @@ def namespace() -> dict[str, Any]:
         {
             "_scalar": scalar,
             "_in_rows": in_rows,
-            "_dicts": dicts,
             "_column": column,
             "_sort_key": sort_key,
             "_number_key": number_key,

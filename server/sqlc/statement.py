@@ -295,6 +295,7 @@ class _Writer:
         self.conflict = conflict
         self.build = _row_builder([c for c, _ in self.positions], [i for _, i in self.positions], casts)
         self.key_of = _row_builder(None, [self.all.index(c) for c in self.key], [], by_name=self.all)
+        self.key_null = _row_builder(None, [self.all.index(c) for c in self.key], [], by_name=self.all, test="is None")
         self.has_null = (
             _row_builder(None, [self.all.index(c) for c in self.not_null], [], by_name=self.all, test="is None")
             if self.not_null
@@ -310,8 +311,9 @@ class _Writer:
         store = ctx.store
         mode = self.conflict.mode
         if mode == "error":
-            for key in keys:  # which clash DuckDB reports first depends on rows only it knows to be its own
-                if not _has_null(key) and store.row(self.table, key) is not None:
+            # which clash DuckDB reports first depends on rows only it knows to be its own
+            for key, row in zip(keys, new_rows, strict=True):
+                if not self.key_null(row) and store.row(self.table, key) is not None:
                     raise Fallback("a key the table holds: DuckDB reports the clash")
             self._not_null(new_rows)
             seen: set[Any] = set()
@@ -325,7 +327,7 @@ class _Writer:
                 raise Fallback("several rows of one statement with one key")
             writes = []
             for key, row in zip(keys, new_rows, strict=True):
-                old = None if _has_null(key) else store.row(self.table, key)
+                old = None if self.key_null(row) else store.row(self.table, key)
                 if old is None or mode == "replace":
                     writes.append((key, row))
                 elif mode == "update":
@@ -342,7 +344,7 @@ class _Writer:
         key = self.key_of(row)
         store = ctx.store
         mode = self.conflict.mode
-        old = None if _has_null(key) else store.row(self.table, key)
+        old = None if self.key_null(row) else store.row(self.table, key)
         if mode == "error":
             if old is not None:
                 raise Fallback("a key the table holds: DuckDB reports the clash")
@@ -538,10 +540,6 @@ def _table(rows: list[Any], schema: pa.Schema) -> pa.Table:
 
 def _key(row: dict[str, Any], key: tuple[str, ...]) -> Any:
     return row[key[0]] if len(key) == 1 else tuple(row[k] for k in key)
-
-
-def _has_null(key: Any) -> bool:
-    return key is None or (isinstance(key, tuple) and any(k is None for k in key))
 
 
 def _text(v: Any) -> str:
