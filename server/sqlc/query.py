@@ -380,7 +380,7 @@ class _Planner:
             if how == "one":
                 body.append(_indent(depth, f"if {src.var} is None: continue"))
         else:
-            body.append(_indent(depth, f"for {src.var} in {src.loop}:"))
+            body.append(_loop_line(src, depth))
             depth += 1
         body += self._filter(list(on), depth)
         return depth
@@ -638,7 +638,7 @@ class _Planner:
         scan = _SCAN.fullmatch(self.sources[0].loop) if len(self.sources) == 1 else None
         if scan is None or keys or not all(isinstance(a, exp.Count) and isinstance(a.this, exp.Star) for a in aggs):
             return None
-        if body[:2] != [f"    for {self.sources[0].var} in {self.sources[0].loop}:", "        _k = ()"]:
+        if body[:2] != [_loop_line(self.sources[0]), "        _k = ()"]:
             return None
         self.describe.append("count(*) of a whole table: its rows are not read")
         return f"ctx.count({scan.group(1)})"
@@ -655,7 +655,7 @@ class _Planner:
             return None
         if self.outer or self.used_outer or self.subqueries or self.hoisted or not body:
             return None
-        if body[0] != f"    for {first.var} in {first.loop}:" or any(s.adds is None for s in specs):
+        if body[0] != _loop_line(first) or any(s.adds is None for s in specs):
             return None  # a condition checked once, before any row (a parameter, a subquery): not per tuple
         if any(s.table is None or not _LOOKUP.fullmatch(s.loop) for s in self.sources[1:]):
             return None
@@ -719,7 +719,7 @@ class _Planner:
         scan = _SCAN.fullmatch(first.loop)
         if cap is None or scan is None or self.outer or self.used_outer or self.subqueries or self.hoisted:
             return False
-        if body[0] != f"    for {first.var} in {first.loop}:" or not body[-1].startswith("        E.append("):
+        if body[0] != _loop_line(first) or not body[-1].startswith("        E.append("):
             return False  # a condition checked once, before any row: not per row
         if any(s.table is None or not _LOOKUP.fullmatch(s.loop) for s in self.sources[1:]):
             return False
@@ -1208,6 +1208,11 @@ def _constant_int(node: exp.Expression) -> int:
     if isinstance(node, exp.Literal) and not node.is_string:
         return int(node.this)
     raise Unsupported(f"LIMIT/OFFSET {node.sql('duckdb')}: only a constant runs compiled")
+
+
+def _loop_line(src: Source, depth: int = 1) -> str:
+    """The line opening the loop over `src`'s rows (at depth 1: the query's first source, no condition before it)."""
+    return _indent(depth, f"for {src.var} in {src.loop}:")
 
 
 def _indent(depth: int, line: str) -> str:
