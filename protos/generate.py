@@ -1,7 +1,7 @@
 """Regenerates the Python protobuf/gRPC modules next to the .proto files.
 
 The generated modules are committed so that an install needs no protoc;
-tests/test_protos.py fails when they are out of date with the .proto.
+tests/unit/test_packaging.py fails when they are out of date with the .proto.
 Run: python protos/generate.py [OUT_DIR]
 """
 

@@ -1,4 +1,4 @@
-"""A small state procedure (used by tests/test_statetx.py): bounded counters.
+"""A small state procedure (used by tests/sim/test_statetx.py): bounded counters.
 
 Each event adds `delta` to counter `key`, unless that would pass `limit`:
 then the event's state transaction aborts and the event is reported rejected.
@@ -59,7 +59,7 @@ bounded_add = BoundedAdd()
 
 
 class CheckedAdd(BoundedAdd):
-    """`bounded_add` whose bad events abort their whole batch (tests/test_spans.py).
+    """`bounded_add` whose bad events abort their whole batch (tests/sim/test_spans.py).
 
     An event without a delta fails in pre_process, one with a negative id in
     post_process: either aborts the TE, so the batch is rejected and none of
@@ -81,7 +81,7 @@ checked_add = CheckedAdd()
 
 
 class AlertingAdd(BoundedAdd):
-    """`bounded_add` that also emits each rejected event on `counter_alerts` (tests/test_write_behind.py).
+    """`bounded_add` that also emits each rejected event on `counter_alerts` (tests/sim/test_write_behind.py).
 
     A SQL procedure on that stream is a barrier in some batches only, so
     intervals mix batches whose rows wait in the working set with batches

@@ -34,7 +34,7 @@ State (tables of state.sql, each with a one-column primary key):
   interval's working set. `vote` is FOR EACH ROW, so in a batch of several
   votes the deletion comes right after the vote that reached the multiple.
 
-Every result equals `VoterReference` (tests/test_voter_state.py); `QUERIES`
+Every result equals `VoterReference` (tests/sim/test_voter_state.py); `QUERIES`
 reads the server's state in the shape of `VoterReference.tables()`.
 """
 

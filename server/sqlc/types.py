@@ -7,7 +7,7 @@ nested types, ...) are carried through unchanged (read, compared to NULL,
 stored into a column of the same type) but not computed on.
 
 `max_type` is DuckDB's implicit cast resolution for integers, taken from
-DuckDB itself (tests/test_sqlc_expr.py checks every pair against it), in
+DuckDB itself (tests/unit/test_sqlc_expr.py checks every pair against it), in
 its two forms: arithmetic, and everything else (`coalesce(tinyint_col,
 utinyint_col)` is a SMALLINT, their sum a BIGINT). An integer literal takes
 the type of the other operand when its value fits there (`tinyint_col + 100`

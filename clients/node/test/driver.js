@@ -1,6 +1,6 @@
 // @ts-check
 /**
- * The command-line face of streamtx.js that tests/test_node_client.py drives. Prints JSON lines;
+ * The command-line face of streamtx.js that tests/contract/test_node_client.py drives. Prints JSON lines;
  * BigInts travel as {"bigint": "<digits>"} both ways, bytes as {"type": "Buffer", "data": [...]}.
  *
  *   node driver.js TARGET deploy                  < script.sql

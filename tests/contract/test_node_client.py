@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(300)
 
 PARTITIONS = (1, 2)
 IDS = [f"P{p}" for p in PARTITIONS]
-NODE_DIR = Path(__file__).resolve().parent.parent / "clients" / "node"
+NODE_DIR = Path(__file__).resolve().parents[2] / "clients" / "node"
 DRIVER = NODE_DIR / "test" / "driver.js"
 APP = """
 CREATE STREAM events (k BIGINT, n BIGINT) PARTITION BY (k);

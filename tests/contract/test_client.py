@@ -1,6 +1,6 @@
 """The Python client and the CLI against a real server (the `server` fixture of conftest).
 
-Client-only logic (conversions, scripted stream failures) is in test_client_unit.py.
+Client-only logic (conversions, scripted stream failures) is in tests/unit/test_client_unit.py.
 """
 
 from __future__ import annotations

@@ -879,7 +879,7 @@ def test_admin_token(tmp_path):
             ("stream", "tok_s"),
             ("procedure", "tok_p"),
         }
-        # with a token set, every verb needs one (tests/test_security.py has the roles)
+        # with a token set, every verb needs one (tests/contract/test_security.py has the roles)
         for fn, request in [
             (stub.Push, pb.PushRequest(stream="tok_s", producer_id="prod", batch_id=1)),
             (stub.Query, pb.QueryRequest(sql="SELECT a FROM tok_t")),

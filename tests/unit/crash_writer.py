@@ -1,6 +1,6 @@
-"""A command-log writer to be killed with SIGKILL by tests/test_command_log.py.
+"""A command-log writer to be killed with SIGKILL by tests/unit/test_command_log.py.
 
-Usage: python tests/crash_writer.py DIRECTORY SEED
+Usage: python tests/unit/crash_writer.py DIRECTORY SEED
 
 Opens (and so repairs) the log in DIRECTORY, then appends records (for at most a minute) with
 payloads that `expected_payload(lsn, seed)` can recompute, varying their size.

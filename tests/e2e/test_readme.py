@@ -9,7 +9,7 @@ import pytest
 
 from streamtx.errors import Aborted
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def readme_script() -> str:

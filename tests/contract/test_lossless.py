@@ -3,7 +3,7 @@
 The examples of the report (1.5 into a BIGINT was stored as 1), text read the
 same way through protobuf `Rows` and Arrow, and results in ROWS format pushed
 back. Random values of every type, through both paths, are in
-tests/test_types_roundtrip.py.
+tests/contract/test_types_roundtrip.py.
 """
 
 from __future__ import annotations

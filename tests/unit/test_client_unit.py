@@ -2,7 +2,7 @@
 
 Conversions, result wrappers and argument parsing are tested directly; the
 pipelining, retries and error mapping against a real server are in
-tests/test_client.py (no fake of the server anywhere).
+tests/contract/test_client.py (no fake of the server anywhere).
 """
 
 from __future__ import annotations

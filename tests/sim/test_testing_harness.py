@@ -29,7 +29,7 @@ from streamtx.testing import Harness, RunResult, run
 
 pytestmark = pytest.mark.timeout(300)
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "procedures.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "procedures.md"
 
 COUNTERS = """
 CREATE TABLE counters (key BIGINT PRIMARY KEY, n BIGINT NOT NULL);

@@ -16,7 +16,7 @@ from streamtx.server.config import ServerConfig, flags, from_args
 from streamtx.server.launch import spawn_worker
 from streamtx.server.partition import worker
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 SETTINGS = fields(ServerConfig)
 
 

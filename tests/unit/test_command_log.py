@@ -549,7 +549,7 @@ def test_random_truncation_recovers_everything_before_the_cut(
 
 
 def run_writer_until_killed(log_dir: Path, seed: int, at_least: int) -> tuple[int, int]:
-    """Starts tests/crash_writer.py, SIGKILLs it once it reported `at_least` more durable records.
+    """Starts tests/unit/crash_writer.py, SIGKILLs it once it reported `at_least` more durable records.
     Returns (first lsn it appended, highest lsn it reported durable)."""
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).parent / "crash_writer.py"), str(log_dir), str(seed)],
