@@ -1,6 +1,6 @@
 """What every `streamtx bench` verb shares: output lines, timing, interleaving, plots.
 
-Conventions (see docs/benchmarks.md and WORKLOADS.md):
+Conventions (docs/benchmarks.md, "Conventions"):
 
 - stdout carries only JSON lines, one per configuration, then the ratio lines
   (`emit`, `ratio_line`); progress goes to stderr (`progress`), so that

@@ -14,7 +14,7 @@ for several rounds; each configuration reports its median round:
 - **multi-partition cost**: at P = 2, a share of the batches (0 %, 10 %, 25 %,
   50 %) takes half its rows from each partition; the front coordinates those
   TE by TE with two-phase commit, holding every partition meanwhile.
-- **voter** (procedures/voter, WORKLOADS.md section 1) at P = 1 and P = 2, the
+- **voter** (procedures/voter) at P = 1 and P = 2, the
   SQL dataflow in 100-vote batches. Its vote procedure runs on the partition of
   each phone and its leaderboard on the home partition; `vote` is FOR EACH ROW,
   so at P = 2 a 100-vote batch, which holds phones of both partitions, runs in
@@ -363,7 +363,7 @@ def voter_input(count: int, seed: int, size: int = VOTER_BATCH, warmup: int = 0)
 
 
 def check_voter(target: str, cfg: Config, batches: list[pa.Table]) -> None:
-    """Raises unless the final tables equal the sequential reference's (WORKLOADS.md section 1)."""
+    """Raises unless the final tables equal the sequential reference's (procedures/voter/reference.py)."""
     from streamtx.client import Client
     from streamtx.procedures.voter.app import VoterConfig
     from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference

@@ -1,4 +1,4 @@
-"""S-Store's logging experiment (WORKLOADS.md section 3): strong vs weak command logging, n = 1..10.
+"""S-Store's logging experiment (docs/benchmarks.md): strong vs weak command logging, n = 1..10.
 
 The PE-trigger dataflow of `bench triggers` (n procedures, each moving its
 input batch to the next stream, 10 tuples per batch), with the command log

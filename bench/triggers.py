@@ -1,4 +1,4 @@
-"""S-Store's trigger micro-benchmarks (WORKLOADS.md section 3): EE and PE triggers, n = 1..10.
+"""S-Store's trigger micro-benchmarks (docs/benchmarks.md): EE and PE triggers, n = 1..10.
 
 EE triggers: a procedure inserts each batch into stream s0; a chain of n EE
 triggers moves the tuples s0 -> s1 -> ... -> a table, inside the same TE (the

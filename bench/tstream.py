@@ -1,6 +1,6 @@
 """TStream workloads GS, SL, OB, TP: the serial executor vs the operation-chain executor.
 
-WORKLOADS.md section 2. For each workload (procedures/tstream/<w>.py) and
+TStream's workloads (docs/benchmarks.md, `bench tstream`). For each workload (procedures/tstream/<w>.py) and
 partition count (default 1 and 2), one embedded server per executor (`serial`,
 `opchain`) gets the workload deployed and its state pre-populated (10,000
 records; TP: 100 road segments), then one producer pushes generated events
@@ -69,7 +69,7 @@ DEFAULT_ROUNDS = 3
 QUICK_ROUNDS = 2
 OPCHAIN_OVER_SERIAL_TARGET = 5.0  # the opchain issue: opchain >= 5x serial events/s on every workload
 CONTRACT = ("NAME", "INPUT_STREAM", "deploy_script", "setup_params", "generate", "Reference", "STATE_QUERIES")
-DEFAULT_RECORDS, DEFAULT_THETA = 10_000, 0.6  # WORKLOADS.md section 2, for a workload that names none
+DEFAULT_RECORDS, DEFAULT_THETA = 10_000, 0.6  # TStream's defaults, for a workload that names none
 BATCH_SIZE = 1  # events per atomic batch
 RETENTION = 10_000_000  # output-stream batches kept: more than any run pushes, so nothing is trimmed
 

@@ -1,6 +1,6 @@
 """Voter with leaderboards: server-side dataflow vs client-ordered synchronous calls.
 
-Three embedded servers run the voter application of WORKLOADS.md section 1 side
+Three embedded servers run the voter application (docs/benchmarks.md, `bench voter`) side
 by side: one deploys it as an S-Store dataflow (procedures/voter/dataflow.sql;
 one pipelined producer pushes atomic batches, PE triggers run the three
 procedures in order), one the same dataflow with every SQL statement run in

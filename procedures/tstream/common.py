@@ -57,7 +57,7 @@ def distinct_keys(rng: np.random.Generator, records: int, theta: float, count: i
 
 
 DEFAULT_BINS = 1024  # the server's --bins default: a generator places keys with the map such a server makes
-DEFAULT_MP_RATIO = 0.25  # WORKLOADS.md section 2: a quarter of the transactions touch several partitions ...
+DEFAULT_MP_RATIO = 0.25  # a quarter of the transactions touch several partitions ...
 DEFAULT_MP_LENGTH = 4  # ... four of them (at most as many as there are)
 
 

@@ -13,7 +13,7 @@ HERE = Path(__file__).resolve().parent
 
 @dataclass(frozen=True)
 class VoterConfig:
-    """The knobs of WORKLOADS.md section 1 (defaults as specified there)."""
+    """The knobs of the voter workload (the defaults are S-Store's: 25 contestants, a 100-vote trending window)."""
 
     contestants: int = 25
     max_votes: int = 1

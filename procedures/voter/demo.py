@@ -36,7 +36,7 @@ APPS = {"state": state.QUERIES, "dataflow": SERVER_QUERIES}
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="streamtx demo",
-        description="Runs the voter-with-leaderboards application (WORKLOADS.md section 1) on an "
+        description="Runs the voter-with-leaderboards application (S-Store's voter, section 4.1 of its paper) on an "
         "embedded server: deploy, push generated votes, print the standings.",
     )
     p.add_argument(

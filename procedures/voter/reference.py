@@ -1,6 +1,6 @@
 """A plain sequential voter: the test oracle. No server, no SQL, one vote at a time.
 
-It applies exactly the rules of WORKLOADS.md section 1 to every vote in turn
+It applies exactly the voter's rules (S-Store, section 4.1; procedures/voter/schema.sql) to every vote in turn
 (a batch's votes in the batch's order): the vote, then the leaderboard, then,
 when the vote counter reaches a multiple of `delete_every`, the deletion. How
 votes are cut into batches changes nothing.

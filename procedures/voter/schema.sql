@@ -1,4 +1,4 @@
--- Voter with leaderboards (S-Store paper, section 4.1; WORKLOADS.md section 1):
+-- Voter with leaderboards (S-Store paper, section 4.1):
 -- the tables and the set-up call, shared by both ways of running it
 -- (dataflow.sql: server-side dataflow; client_ordered.sql: H-Store style).
 
