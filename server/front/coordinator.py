@@ -25,23 +25,24 @@ rolled back and the command runs again without it.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from streamtx.errors import DataLoss, error_for
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
+from streamtx.server.config import ServerConfig
 from streamtx.server.front import exchange
-from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.front.partitions import HOME, Partitions, Restarted, checked
+from streamtx.server.front.ports import Routing
+from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.protocol import Mark, Outcome, TeSpec
 from streamtx.server.schedule import Key, Schedule, Unit, skips
 from streamtx.server.schedule import reason as undone_reason
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
 
 
 @dataclass
@@ -68,8 +69,19 @@ class _Rerun(Exception):
 
 
 class Coordinator:
-    def __init__(self, front: Front) -> None:
+    def __init__(
+        self,
+        front: Routing,
+        partitions: Partitions,
+        counters: collections.Counter[str],
+        supervisor: Supervisor,
+        config: ServerConfig,
+    ) -> None:
         self.front = front
+        self.partitions = partitions
+        self.counters = counters
+        self.supervisor = supervisor
+        self.config = config
 
     # ------------------------------------------------------------ commands
     async def push(self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table) -> Outcome:
@@ -84,8 +96,8 @@ class Coordinator:
             return self._execute(st, ts, mark, None)
 
         st = await self._attempts(one, start, ts, finished)
-        self.front.counters[st.outcome.outcome] += 1
-        self.front.counters["coordinated"] += 1
+        self.counters[st.outcome.outcome] += 1
+        self.counters["coordinated"] += 1
         for s in st.emitted:
             self.front.notify(s)
         return st.outcome
@@ -107,7 +119,7 @@ class Coordinator:
         st = await self._attempts(one, start, ts, finished)
         if st.error is not None:
             raise error_for(*st.error)
-        self.front.counters["coordinated"] += 1
+        self.counters["coordinated"] += 1
         for s in st.emitted:
             self.front.notify(s)
         return st.outcome, st.results
@@ -136,8 +148,8 @@ class Coordinator:
                 skip = {**skip, **again.skip}
                 continue
             except Restarted:
-                await self.front.supervisor.recovered()
-                if ts in self.front.supervisor.done:
+                await self.supervisor.recovered()
+                if ts in self.supervisor.done:
                     return _State(await finished(), st.schedule)
                 restarted = True
                 continue
@@ -161,14 +173,14 @@ class Coordinator:
             await self.undo_everywhere(ts)
             raise
         st.outcome.emitted = set(st.emitted)
-        if self.front.config.durability != "off":
+        if self.config.durability != "off":
             # durable on the home partition: recovery replays this command's fragments on every partition
-            checked(await self.front.partitions[HOME].send(pr.Done(ts)))
+            checked(await self.partitions[HOME].send(pr.Done(ts)))
 
     async def undo_everywhere(self, ts: int) -> None:
         """After a failure mid-command (a partition died): no partition may keep a transaction open."""
         command = pr.Decide(False, ts)
-        live = [p for p in self.front.partitions.all if p.alive]
+        live = [p for p in self.partitions.all if p.alive]
         await asyncio.gather(*(p.send(command) for p in live), return_exceptions=True)
 
     async def _run_units(self, st: _State, ts: int, push: Mark | None, params: dict[str, Any] | None) -> None:
@@ -177,7 +189,7 @@ class Coordinator:
             if st.stopped:
                 return
         if st.schedule.aborted:
-            self.front.counters["tes_aborted"] += len(st.schedule.aborted)
+            self.counters["tes_aborted"] += len(st.schedule.aborted)
             st.outcome.aborted_tes += st.schedule.aborted
         if st.group is not None:
             await self.decide(st.group_parts, True, ts, st.group_mark)
@@ -201,13 +213,13 @@ class Coordinator:
         keyed = [p for p in unit.procedures if self.front.catalog.placement.procedures.get(p) == EVENT_KEYED]
         if keyed:  # its events' state rows, merged from the partitions it involves (front/exchange.py)
             assert rows is not None and len(unit.procedures) == 1
-            await exchange.attach_rows(self.front, keyed[0], rows, ts, fragments)
+            await exchange.attach_rows(self.partitions, keyed[0], rows, ts, fragments)
         unit_mark = push if unit.entry else None
         alone = len(fragments) == 1 and unit.group is None and st.group is None and not st.one_transaction
         if alone:  # one partition: it commits at once if the TE succeeds (no second round trip)
             p, (fragment, tables) = next(iter(fragments.items()))
             fragments[p] = (replace(fragment, autocommit=True, mark=unit_mark), tables)
-        replies = await asyncio.gather(*(self.front.partitions[p].request(f, t) for p, (f, t) in fragments.items()))
+        replies = await asyncio.gather(*(self.partitions[p].request(f, t) for p, (f, t) in fragments.items()))
         parts = set(fragments)
         duplicates = [r[0] for r in replies if isinstance(r[0], Outcome)]
         if duplicates:
@@ -301,7 +313,7 @@ class Coordinator:
             st.error = (code, reason)
             st.stopped = True
             return
-        self.front.counters["tes_aborted"] += 1
+        self.counters["tes_aborted"] += 1
         st.outcome.aborted_tes.append(f"{unit.procedures[0]}: {reason}")
 
     async def decide(
@@ -313,7 +325,7 @@ class Coordinator:
         rejection: list[Any] | None = None,
     ) -> None:
         command = pr.Decide(commit, ts, mark, rejection)
-        replies = await asyncio.gather(*(self.front.partitions[p].send(command) for p in sorted(parts)))
+        replies = await asyncio.gather(*(self.partitions[p].send(command) for p in sorted(parts)))
         for r in replies:
             checked(r)
 
@@ -329,7 +341,7 @@ class Coordinator:
         """Each partition's fragment of the unit: its TE specs and their input rows."""
         front = self.front
         pl = front.catalog.placement
-        every = range(len(front.partitions))
+        every = range(len(self.partitions))
         specs: dict[int, list[tuple[TeSpec, pa.Table | None]]] = {}
 
         def add(p: int, procedure: str | None, rows: pa.Table | None, border: bool) -> None:
@@ -351,7 +363,7 @@ class Coordinator:
                     for p in every:
                         add(p, proc, rows, False)
                 elif kind == EVENT_KEYED:
-                    for p in exchange.involved(front, proc, rows):
+                    for p in exchange.involved(front.map, pl.event_keys[proc], rows):
                         add(p, proc, rows, False)
                 else:
                     add(HOME, proc, rows, False)

@@ -15,35 +15,35 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from streamtx.server import protocol as pr
-from streamtx.server.front.partitions import HOME
+from streamtx.server.front.partitions import HOME, Partitions
 from streamtx.server.partition.exchange import Exchange
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
+from streamtx.server.partitioning import PartitionMap
 
 Fragments = dict[int, tuple[pr.Fragment, list[pa.Table]]]
 
 
-def involved(front: Front, procedure: str, rows: pa.Table) -> list[int]:
-    """The partitions an event-keyed TE over `rows` runs on: those of its keys, and home (it emits)."""
-    keys = front.catalog.placement.event_keys[procedure]
-    return sorted({HOME, *front.map.partitions_of(rows, keys)})
+def involved(partition_map: PartitionMap, keys: tuple[str, ...], rows: pa.Table) -> list[int]:
+    """The partitions an event-keyed TE over `rows` runs on: those of its `keys` values, and home (it emits)."""
+    return sorted({HOME, *partition_map.partitions_of(rows, keys)})
 
 
 async def read_rows(
-    front: Front, parts: list[int], items: list[tuple[str, int]], runs: list[list[int]], joined: list[pa.Table]
+    partitions: Partitions,
+    parts: list[int],
+    items: list[tuple[str, int]],
+    runs: list[list[int]],
+    joined: list[pa.Table],
 ) -> dict[str, pa.Table]:
     """Round 1: the current rows of the keys the batches' events name, from every partition in `parts`, merged.
 
     `items` names each batch's state procedure and timestamp; the batches come joined (`join_runs`).
     """
     command = pr.StateRead(items, runs)
-    replies = await asyncio.gather(*(front.partitions[p].request(command, joined) for p in parts))
+    replies = await asyncio.gather(*(partitions[p].request(command, joined) for p in parts))
     found: dict[str, list[pa.Table]] = {}
     for rows, tables in replies:
         for name, table in zip(rows.tables, tables, strict=True):
@@ -51,10 +51,10 @@ async def read_rows(
     return {name: pa.concat_tables(parts_) if len(parts_) > 1 else parts_[0] for name, parts_ in found.items()}
 
 
-async def attach_rows(front: Front, procedure: str, rows: pa.Table, ts: int, fragments: Fragments) -> None:
+async def attach_rows(partitions: Partitions, procedure: str, rows: pa.Table, ts: int, fragments: Fragments) -> None:
     """Reads the rows from every fragment's partition and adds the merged rows to every fragment."""
     parts = sorted(fragments)
-    merged = await read_rows(front, parts, [(procedure, ts)], [[rows.num_rows]], [rows])
+    merged = await read_rows(partitions, parts, [(procedure, ts)], [[rows.num_rows]], [rows])
     for p, (fragment, tables) in fragments.items():
         wire, extra = Exchange(merged, frozenset(parts), p == HOME).wire()
         fragments[p] = (replace(fragment, exchange=wire), tables + extra)

@@ -46,22 +46,23 @@ with the TEs and stored streams of its rest added.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from streamtx.server import protocol as pr
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Span
-from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.front.partitions import HOME, Partition, Partitions, Restarted, checked
+from streamtx.server.front.ports import Finishing
 from streamtx.server.front.spans import one_by_one
+from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.ipc import join_grouped, split_grouped
 from streamtx.server.protocol import Outcome
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
-
 
 STEP = 128
 """Batches per stage message: the entry partitions run step k + 1 while home runs the rest of step k.
@@ -122,8 +123,21 @@ class _Run:
 
 
 class Flows:
-    def __init__(self, front: Front) -> None:
+    def __init__(
+        self,
+        front: Finishing,
+        partitions: Partitions,
+        counters: collections.Counter[str],
+        supervisor: Supervisor,
+        coordinator: Coordinator,
+        config: ServerConfig,
+    ) -> None:
         self.front = front
+        self.partitions = partitions
+        self.counters = counters
+        self.supervisor = supervisor
+        self.coordinator = coordinator
+        self.config = config
 
     async def run(self, pushes: list[FlowPush], span: Span | None = None) -> list[Outcome | BaseException]:
         """Each batch's outcome, in order (an exception for a batch that failed alone).
@@ -135,7 +149,7 @@ class Flows:
         ends. So the partitions take the next flow's first steps while the
         one before commits, and the gate does not stop between flows.
         """
-        limit = self.front.config.interval_size
+        limit = self.config.interval_size
         results: dict[int, Outcome | BaseException] = {}
         taken: list[FlowPush] = []
         todo = list(pushes)
@@ -190,29 +204,27 @@ class Flows:
 
         `last`: these batches end the run, so the next run may start once their decision is sent.
         """
-        front = self.front
         last_ts = pushes[-1].ts
         sent: list[bool] = []  # the commit decision went out: nothing may undo it from here
         try:
             return await self._flow(run, pushes, last, sent)
         except Restarted:  # front/supervisor.py: the flow is done everywhere or nowhere
             await run.before_finished()
-            await front.supervisor.recovered()
-            if last_ts in front.supervisor.done:
-                return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes], None
+            await self.supervisor.recovered()
+            if last_ts in self.supervisor.done:
+                return [await self.front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes], None
             outcomes, cut = await self._attempt(run, pushes, last)
             return [o.first(p.ts) for o, p in zip(outcomes, pushes, strict=False)], cut
         except BaseException:
             if not sent:  # after the decision a later flow may be open: a worker that failed is restarted
                 await run.before_finished()
-                await front.coordinator.undo_everywhere(last_ts)
+                await self.coordinator.undo_everywhere(last_ts)
             raise
 
     async def _flow(
         self, run: _Run, pushes: list[FlowPush], last: bool, sent: list[bool]
     ) -> tuple[list[Outcome], int | None]:
         """Sends the entry steps two ahead of the rest home runs; each step's rest once its entries answered."""
-        front = self.front
         epoch, last_ts = pushes[0].ts, pushes[-1].ts
         opened: set[int] = set()
         replies: list[asyncio.Future] = []
@@ -220,7 +232,7 @@ class Flows:
         def stage(part: int, name: str, items: list[tuple[list[Any], list[pa.Table]]]) -> asyncio.Future:
             first = part not in opened
             opened.add(part)
-            replies.append(_stage(front, part, name, items, epoch, first))
+            replies.append(_stage(self.partitions[part], name, items, epoch, first))
             return replies[-1]
 
         items = _items(pushes)
@@ -267,18 +279,18 @@ class Flows:
         finally:  # every step answered before the decision (a failed one fails the flow)
             await asyncio.gather(*replies, return_exceptions=True)
         if cuts:
-            await front.coordinator.decide(opened, False, last_ts)
-            front.counters["flows_cut"] += 1
+            await self.coordinator.decide(opened, False, last_ts)
+            self.counters["flows_cut"] += 1
             return [], min(cuts)
         if run.before is not None:  # its DONE goes to home before this flow's decision
             await run.before.logged.wait()
-        decisions = [front.partitions[p].send(pr.Decide(True, last_ts)) for p in sorted(opened)]
+        decisions = [self.partitions[p].send(pr.Decide(True, last_ts)) for p in sorted(opened)]
         sent.append(True)
         if last:
             run.committing.set()
         for decided in await asyncio.gather(*decisions):
             checked(decided)
-        done = front.partitions[HOME].send(pr.Done(last_ts)) if front.config.durability != "off" else None
+        done = self.partitions[HOME].send(pr.Done(last_ts)) if self.config.durability != "off" else None
         if last:
             run.logged.set()
         if done is not None:  # durable on the home partition: recovery replays the flow's stages everywhere
@@ -288,12 +300,12 @@ class Flows:
             parts[item.at] += [entries[j][0]] if j in entries else []
             parts[item.at] += [homes[j]] if j in homes else []
         outcomes = [_joined(p) for p in parts]
-        front.counters["flows"] += 1
-        front.counters["flow_batches"] += len(pushes)
+        self.counters["flows"] += 1
+        self.counters["flow_batches"] += len(pushes)
         for o in outcomes:
-            front.counters[o.outcome] += 1
+            self.counters[o.outcome] += 1
             for s in o.emitted:
-                front.notify(s)
+                self.front.notify(s)
         return outcomes, None
 
 
@@ -346,14 +358,14 @@ def _whole(pushes: list[FlowPush], item: _Item) -> tuple[list[Any], list[pa.Tabl
 
 
 def _stage(
-    front: Front, part: int, stage: str, items: list[tuple[list[Any], list[pa.Table]]], epoch: int, first: bool
+    partition: Partition, stage: str, items: list[tuple[list[Any], list[pa.Table]]], epoch: int, first: bool
 ) -> asyncio.Future:
     """Sends one stage's items (each batch's header and relations) to a partition now; the reply's future."""
     tables = [t for _, relations in items for t in relations]
     keys = [name for item, _ in items for name in (item[4] if item[4] is not None else [item[0]])]
     order, runs, joined = join_grouped(tables, keys)
     command = pr.Flow(stage, [i for i, _ in items], order, runs, epoch, first)
-    return front.partitions[part].send(command, joined)
+    return partition.send(command, joined)
 
 
 def _joined(parts: list[Outcome]) -> Outcome:

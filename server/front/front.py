@@ -68,12 +68,13 @@ class Front:
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
-        self.coordinator = Coordinator(self)
-        self.supervisor = Supervisor(self)
-        self.spans = Spans(self)
-        self.flows = Flows(self)
         together = config.executor == "opchain" and config.partitions > 1
         self.gate = Gate(self._run_together if together else None, config.interval_size)
+        # each helper takes the collaborators it uses, and of the front itself only a narrow port (front/ports.py)
+        self.supervisor = Supervisor(self.partitions, self.counters, self.gate, config, self.recover)
+        self.coordinator = Coordinator(self, self.partitions, self.counters, self.supervisor, config)
+        self.spans = Spans(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
+        self.flows = Flows(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -391,7 +392,8 @@ class Front:
         sqltree.check_size(sql, "query")
         checks.check_read_only(self.parser, sql)
         self.counters["queries"] += 1
-        return await scatter.query(self, sql, params)
+        placement = self.catalog.placement
+        return await scatter.query(self, placement, len(self.partitions), self.config.query_timeout, sql, params)
 
     async def ask(self, partition: int, command: pr.Command) -> Reply:
         """A read of one partition, in order with every command (behind a coordinated one)."""

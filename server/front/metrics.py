@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Histogram, ProcessCollector
@@ -48,10 +48,10 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from streamtx.server.front.ports import Observed
+
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
-
-    from streamtx.server.front.front import Front
 
 SCRAPE_TIMEOUT_S = 10.0  # a scrape waits behind a coordinated command at most this long
 PUSH_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -70,12 +70,14 @@ def push_latency() -> Histogram:
 class StatusCollector(Collector):
     """Turns one `Front.status()` snapshot into metric families, per scrape."""
 
-    def __init__(self, front: Front, loop: asyncio.AbstractEventLoop) -> None:
-        self.front = front
+    def __init__(
+        self, status: Callable[[], Coroutine[Any, Any, dict[str, Any]]], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.status = status
         self.loop = loop
 
     def collect(self) -> Iterator[Metric]:
-        future = asyncio.run_coroutine_threadsafe(self.front.status(), self.loop)
+        future = asyncio.run_coroutine_threadsafe(self.status(), self.loop)
         try:
             status = future.result(timeout=SCRAPE_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
@@ -214,11 +216,11 @@ def _histogram(family: HistogramMetricFamily, labels: list[str], h: dict[str, An
     family.add_metric(labels, buckets, sum_value=h["sum"])
 
 
-def serve_metrics(front: Front, host: str, port: int) -> tuple[WSGIServer, int]:
+def serve_metrics(front: Observed, host: str, port: int) -> tuple[WSGIServer, int]:
     """Starts the HTTP endpoint on a thread of its own; returns it and the port it listens on."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ProcessCollector(registry=None))
-    registry.register(StatusCollector(front, asyncio.get_running_loop()))
+    registry.register(StatusCollector(front.status, asyncio.get_running_loop()))
     registry.register(front.push_seconds)
     server, _ = start_http_server(port, addr=host, registry=registry)
     return server, server.server_port

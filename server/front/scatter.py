@@ -12,7 +12,7 @@ puts on a lone partitioned table are pushed down to the partitions.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -23,18 +23,22 @@ from streamtx.errors import InvalidArgument
 from streamtx.server import protocol as pr
 from streamtx.server import sqltree
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
-from streamtx.server.catalog.placement import PARTITIONED
+from streamtx.server.catalog.placement import PARTITIONED, Placement
 from streamtx.server.deadline import query_deadline
 from streamtx.server.front.partitions import HOME, Reply
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
+from streamtx.server.front.ports import Reads
 
 
-async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
-    spread = _partitioned_relations(front, sql) if len(front.partitions) > 1 else []
+async def query(
+    reader: Reads, placement: Placement, partitions: int, timeout: float, sql: str, params: dict[str, Any]
+) -> pa.Table:
+    """The query's result: from home alone, or run here over the partitions' rows gathered at one cut.
+
+    `partitions`: how many there are; `timeout` (`--query-timeout`) bounds the run over the gathered rows.
+    """
+    spread = _partitioned_relations(placement, sql) if partitions > 1 else []
     if not spread:
-        _, tables = await front.ask(HOME, pr.Query(sql, params))
+        _, tables = await reader.ask(HOME, pr.Query(sql, params))
         return tables[0]
     relations = _relations(sql)
     reads = {}
@@ -43,13 +47,13 @@ async def query(front: Front, sql: str, params: dict[str, Any]) -> pa.Table:
         reads[(schema, name)] = f"SELECT * FROM {qualified}"
     spread_set = set(spread)
     # one cut: every partition reads at the same place of its queue; single tables count at home only
-    replies = await front.ask_all(pr.Gather([[list(k), v] for k, v in reads.items()]))
+    replies = await reader.ask_all(pr.Gather([[list(k), v] for k, v in reads.items()]))
     gathered: dict[tuple[str, str], list[pa.Table]] = {}
     for index, (reply, tables) in enumerate(replies):
         for key, table in zip(reply.keys, tables, strict=True):
             if tuple(key) in spread_set or index == HOME:
                 gathered.setdefault(tuple(key), []).append(table)
-    return await asyncio.to_thread(_run_over, sql, params, gathered, front.config.query_timeout)
+    return await asyncio.to_thread(_run_over, sql, params, gathered, timeout)
 
 
 def _run_over(
@@ -92,9 +96,8 @@ def _relations(sql: str) -> list[tuple[str, str]]:
     return out
 
 
-def _partitioned_relations(front: Front, sql: str) -> list[tuple[str, str]]:
+def _partitioned_relations(pl: Placement, sql: str) -> list[tuple[str, str]]:
     """Relations of the query whose rows are spread over partitions: partitioned tables and stored streams."""
-    pl = front.catalog.placement
     out = []
     for schema, name in _relations(sql):
         stored_stream = schema in ("", STREAM_SCHEMA) and name in pl.streams

@@ -28,21 +28,23 @@ span: they take the coordinated path, which answers DUPLICATE.
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import pyarrow as pa
 
 from streamtx.server import protocol as pr
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.exchange import read_rows
-from streamtx.server.front.partitions import HOME, Restarted, checked
+from streamtx.server.front.partitions import HOME, Partitions, Restarted, checked
+from streamtx.server.front.ports import Finishing
+from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.ipc import join_runs
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.protocol import Outcome
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
 
 
 @dataclass(frozen=True)
@@ -60,56 +62,67 @@ class SpanPush:
 
 
 class Spans:
-    def __init__(self, front: Front) -> None:
+    def __init__(
+        self,
+        front: Finishing,
+        partitions: Partitions,
+        counters: collections.Counter[str],
+        supervisor: Supervisor,
+        coordinator: Coordinator,
+        config: ServerConfig,
+    ) -> None:
         self.front = front
+        self.partitions = partitions
+        self.counters = counters
+        self.supervisor = supervisor
+        self.coordinator = coordinator
+        self.config = config
 
     async def run(self, pushes: list[SpanPush]) -> list[Outcome | BaseException]:
         """Each batch's outcome, in order (an exception for a batch that failed alone)."""
-        front = self.front
         last_ts = pushes[-1].ts
         try:
             outcomes = await self._span(pushes)
         except Restarted:  # front/supervisor.py: the span is done everywhere or nowhere
-            await front.supervisor.recovered()
-            if last_ts in front.supervisor.done:
-                return [await front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
+            await self.supervisor.recovered()
+            if last_ts in self.supervisor.done:
+                return [await self.front.finished_outcome(p.stream, p.producer, p.batch_id, p.ts) for p in pushes]
             again = await self.run(pushes)
             return [o if isinstance(o, BaseException) else o.first(p.ts) for o, p in zip(again, pushes, strict=True)]
         except BaseException:
-            await front.coordinator.undo_everywhere(last_ts)
+            await self.coordinator.undo_everywhere(last_ts)
             raise
         if outcomes is None:
-            front.counters["spans_split"] += 1
+            self.counters["spans_split"] += 1
             return await one_by_one(pushes)
-        front.counters["spans"] += 1
-        front.counters["coordinated"] += 1
+        self.counters["spans"] += 1
+        self.counters["coordinated"] += 1
         for o in outcomes:
-            front.counters[o.outcome] += 1
+            self.counters[o.outcome] += 1
             for s in o.emitted:
-                front.notify(s)
+                self.front.notify(s)
         return list(outcomes)
 
     async def _span(self, pushes: list[SpanPush]) -> list[Outcome] | None:
         """Runs the span's three rounds; None if the partitions did not all take it (it was undone)."""
-        front = self.front
         parts = sorted(set().union(*(p.involved for p in pushes)))
         last_ts = pushes[-1].ts
         runs, joined = join_runs([p.table for p in pushes])
-        merged = await read_rows(front, parts, [(p.procedure, p.ts) for p in pushes], runs, joined)
+        merged = await read_rows(self.partitions, parts, [(p.procedure, p.ts) for p in pushes], runs, joined)
         wire = [[p.stream, p.producer, p.batch_id, p.ts, list(p.involved)] for p in pushes]
         sends = []
         for part in parts:
             ex_head, ex_tables = Exchange(merged, frozenset(parts), part == HOME).wire()
-            sends.append(front.partitions[part].send(pr.Span(wire, runs, ex_head), joined + ex_tables))
+            sends.append(self.partitions[part].send(pr.Span(wire, runs, ex_head), joined + ex_tables))
         replies = [ran for ran, _ in await asyncio.gather(*sends)]
         verdicts = [None if isinstance(r, pr.Failed) else _verdicts(r) for r in replies]
         if any(v is None or v != verdicts[0] for v in verdicts):
-            await front.coordinator.decide(set(parts), False, last_ts)
+            await self.coordinator.decide(set(parts), False, last_ts)
             return None
-        await front.coordinator.decide(set(parts), True, last_ts)
-        if front.config.durability != "off":
+        await self.coordinator.decide(set(parts), True, last_ts)
+        if self.config.durability != "off":
             # durable on the home partition: recovery replays the span on every partition
-            checked(await front.partitions[HOME].send(pr.Done(last_ts)))
+            checked(await self.partitions[HOME].send(pr.Done(last_ts)))
         return replies[parts.index(HOME)].outcomes
 
 

@@ -26,22 +26,32 @@ keeps dying stops the server with the reason, as does any death under
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
 
 from streamtx.errors import StreamTxError, Unavailable
 from streamtx.server import log
-from streamtx.server.front.partitions import Partition
+from streamtx.server.config import ServerConfig
+from streamtx.server.front.gate import Gate
+from streamtx.server.front.partitions import Partition, Partitions
 from streamtx.server.launch import spawn_worker
-
-if TYPE_CHECKING:
-    from streamtx.server.front.front import Front
 
 
 class Supervisor:
-    def __init__(self, front: Front) -> None:
-        self.front = front
+    def __init__(
+        self,
+        partitions: Partitions,
+        counters: collections.Counter[str],
+        gate: Gate,
+        config: ServerConfig,
+        recover: Callable[[], Awaitable[set[int]]],
+    ) -> None:
+        self.partitions = partitions
+        self.counters = counters
+        self.gate = gate  # held while the workers are restarted: new requests wait there
+        self.config = config
+        self.recover = recover  # Front.recover: new workers to the logs' state; the commands found done
         self.restarts: list[float] = []  # monotonic times of the restarts in the window
         self.done: set[int] = set()  # coordinated commands the home partition logged DONE, as last recovered
         self.failure: str | None = None  # why the server gave up on its partitions
@@ -58,7 +68,7 @@ class Supervisor:
     def watch(self, done: set[int]) -> None:
         """From now on a dying worker is restarted (called once the partitions are up)."""
         self.done = done
-        for p in self.front.partitions.all:
+        for p in self.partitions.all:
             p.hold_on_exit = True
             p.on_death = self._died
 
@@ -66,7 +76,7 @@ class Supervisor:
         """Deaths from now on fail what waits on the partition (the server is stopping)."""
         if self._task is not None:
             self._task.cancel()
-        for p in self.front.partitions.all:
+        for p in self.partitions.all:
             p.hold_on_exit = False
             p.on_death = None
 
@@ -84,8 +94,7 @@ class Supervisor:
         self._task = asyncio.create_task(self._restart(dead.error or f"partition {dead.index} died"))
 
     async def _restart(self, cause: str) -> None:
-        front = self.front
-        front.gate.hold()
+        self.gate.hold()
         try:
             while True:
                 refusal = self._refusal(cause)
@@ -93,7 +102,7 @@ class Supervisor:
                     self._give_up(refusal)
                     return
                 self.restarts.append(time.monotonic())
-                front.counters["restarts"] += 1
+                self.counters["restarts"] += 1
                 log.event("restart", f"{cause}; restarting the partition workers", level="warning", cause=cause)
                 try:
                     await self._bring_up()
@@ -102,28 +111,27 @@ class Supervisor:
                     await asyncio.sleep(0.2 * len(self.restarts))
                     continue
                 break
-            replayed = sum(p.replay() for p in front.partitions.all)
+            replayed = sum(p.replay() for p in self.partitions.all)
             self.watch(self.done)
             log.event("recovered", f"partitions recovered; {replayed} request(s) sent again", replayed=replayed)
         finally:
             self._recovered.set()
-            front.gate.resume()
+            self.gate.resume()
         if self.failure is None:
             self.on_health(True)
 
     async def _bring_up(self) -> None:
         """Every worker stopped, started anew and recovered as at start-up."""
-        front = self.front
-        parts = front.partitions.all
+        parts = self.partitions.all
         for p in parts:
             p.on_death = None  # a death during recovery fails the recovery (partitions.py `hold`)
         await asyncio.gather(*(p.stop() for p in parts))
-        spawned = [spawn_worker(p.index, front.config) for p in parts]
-        await front.partitions.attach(spawned)
-        self.done = await front.recover()
+        spawned = [spawn_worker(p.index, self.config) for p in parts]
+        await self.partitions.attach(spawned)
+        self.done = await self.recover()
 
     def _refusal(self, cause: str) -> str | None:
-        config = self.front.config
+        config = self.config
         if config.durability == "off":
             return f"{cause}; with --durability off no log holds its state, so the server stops"
         now = time.monotonic()
@@ -139,7 +147,7 @@ class Supervisor:
         self.failure = reason
         log.event("stopped", reason, level="error")
         error = Unavailable(reason)
-        for p in self.front.partitions.all:
+        for p in self.partitions.all:
             p.hold_on_exit = False
             p.on_death = None
             p.fail_all(error)
