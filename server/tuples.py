@@ -14,12 +14,132 @@ of a punctuation interval on one stream at once (server/ipc.py `join_runs`).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import operator
+from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from streamtx.server.partition.state import RowShape, Values
+from streamtx.procedure import Row
+
+INT_RANGES = {
+    pa.int8(): (-(2**7), 2**7 - 1),
+    pa.int16(): (-(2**15), 2**15 - 1),
+    pa.int32(): (-(2**31), 2**31 - 1),
+    pa.int64(): (-(2**63), 2**63 - 1),
+    pa.uint8(): (0, 2**8 - 1),
+    pa.uint16(): (0, 2**16 - 1),
+    pa.uint32(): (0, 2**32 - 1),
+    pa.uint64(): (0, 2**63 - 1),  # what inference reads as int64: larger ints take the general path
+}
+
+_PY_TYPES = {pa.string(): str, pa.large_string(): str, pa.bool_(): bool, pa.float64(): float}
+Kind = tuple[type, int | None, int | None]
+"""A column's exact Python type and, for integers, its range."""
+
+Values = tuple[Any, ...]
+"""One row's values in its stream's column order."""
+
+
+class RowShape:
+    """A stream's columns as exact Python types: post_process rows become its tables without inference.
+
+    The general path (`Transaction.emit`) infers Arrow types from the rows,
+    then casts to the stream's schema. When a row has exactly the stream's
+    columns and each value is None or of its column's own Python type (an int
+    in the column's range, a str, a bool, a float), building the columns with
+    the schema's types gives the same table, and reading it back gives the
+    same values; `values` says whether that holds, so whatever else a
+    procedure emits (and every error) still takes the general path.
+    """
+
+    def __init__(self, schema: pa.Schema, checks: list[Kind]) -> None:
+        self.schema = schema
+        self.names = tuple(schema.names)
+        self.stored_schema = schema.append(pa.field("batch_id", pa.int64()))
+        self._struct = pa.struct(list(schema))
+        self._stored_struct = pa.struct(list(self.stored_schema))
+        self._keys = frozenset(self.names)
+        self._checks = checks
+        name = self.names[0]
+        self._get: Callable[[Row], Values] = (
+            operator.itemgetter(*self.names) if len(self.names) > 1 else lambda r: (r[name],)
+        )
+
+    @classmethod
+    def of(cls, schema: pa.Schema) -> RowShape | None:
+        """The shape of `schema`, or None if a column's type has no exact Python counterpart here."""
+        checks = [kind_of(field.type) for field in schema]
+        if not checks or None in checks or len(set(schema.names)) < len(schema.names):
+            return None
+        return cls(schema, checks)
+
+    def values(self, rows: list[Row]) -> list[Values] | None:
+        """Each row's values in column order, or None if any row does not fit the shape exactly."""
+        keys, get, checks = self._keys, self._get, self._checks
+        out = []
+        for row in rows:
+            if type(row) is not dict or row.keys() != keys:
+                return None
+            values = get(row)
+            for v, kind in zip(values, checks, strict=True):
+                if v is not None and not fits_kind(v, kind):
+                    return None
+            out.append(values)
+        return out
+
+    def fits(self, values: list[Values]) -> bool:
+        """Whether values in column order (a compiled statement's tuples) fit the shape exactly."""
+        n, checks = len(self.names), self._checks
+        for row in values:
+            if len(row) != n:
+                return False
+            for v, kind in zip(row, checks, strict=True):
+                if v is not None and not fits_kind(v, kind):
+                    return False
+        return True
+
+    def table(self, values: list[Values]) -> pa.Table:
+        """The rows as a table of the stream's schema (values from `values`)."""
+        return self._table(values, self._struct, self.schema)
+
+    def stored(self, values: list[Values], batch_ids: list[int]) -> pa.Table:
+        """The rows with their batch ids, as the stream's storage table takes them."""
+        rows = [(*v, b) for v, b in zip(values, batch_ids, strict=True)]
+        return self._table(rows, self._stored_struct, self.stored_schema)
+
+    @staticmethod
+    def _table(rows: list[Values], struct: pa.StructType, schema: pa.Schema) -> pa.Table:
+        # one conversion for all columns: a struct array of the rows, then its fields as the columns
+        table = pa.Table.from_struct_array(pa.array(rows, type=struct))
+        return table.replace_schema_metadata(schema.metadata) if schema.metadata else table
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate, which Arrow refuses
+        return False
+    return True
+
+
+def kind_of(arrow_type: pa.DataType) -> Kind | None:
+    """The exact Python type (and range) whose values an Arrow type stores unchanged; None if it has none here."""
+    bounds = INT_RANGES.get(arrow_type)
+    if bounds is not None:
+        return (int, *bounds)
+    cls = _PY_TYPES.get(arrow_type)
+    return None if cls is None else (cls, None, None)
+
+
+def fits_kind(v: Any, kind: Kind) -> bool:
+    """A value (not None) is exactly of the kind's Python type, in its range; a str Arrow can encode."""
+    cls, lo, hi = kind
+    if type(v) is not cls:
+        return False
+    if lo is not None:
+        return lo <= v <= hi  # type: ignore[operator]
+    return cls is not str or v.isascii() or _encodable(v)
 
 
 class Tuples:

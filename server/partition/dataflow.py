@@ -43,11 +43,11 @@ from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.ownership import Unspannable
 from streamtx.server.protocol import Outcome, TeSpec
 from streamtx.server.schedule import Key, Schedule, Unit, reason, skips
-from streamtx.server.tuples import Batch, arrow, concat
+from streamtx.server.tuples import Batch, Values, arrow, concat
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.journal import Journal
-from streamtx.server.partition.state import Values, run_values, table_rows
+    from streamtx.server.partition.journal import Journal, Logged
+from streamtx.server.partition.state import run_values, table_rows
 from streamtx.server.partition.transaction import Transaction
 
 
@@ -201,7 +201,7 @@ class Dataflow:
             eng.counters["rows"] += pushes[i].batch.num_rows
             self._metered(run)
         if self.journal is not None and runs:
-            self.journal.interval([(pushes[i], run) for i, run in runs])
+            self.journal.interval([(pushes[i], run.logged) for i, run in runs])
             eng.meter.interval_tes.observe(sum(len(run.timed) for _, run in runs))
         eng.marks.took(taken)
         self._keep(keep)
@@ -238,7 +238,7 @@ class Dataflow:
         out = run.finish(keep)
         self._keep(keep)
         if self.journal is not None:
-            self.journal.call(procedure, params, ts, run)
+            self.journal.call(procedure, params, ts, run.logged)
         return out, run.results
 
     # ------------------------------------------------- coordinated commands
@@ -647,7 +647,7 @@ class Dataflow:
         if out.outcome != "rejected":  # a rejection took its mark with its record (`_Run.undone`)
             eng.marks.took([(p.producer, p.stream, p.batch_id, p.ts)])
         if self.journal is not None:
-            self.journal.push(p, run, rejected=out.outcome == "rejected", outcome=out)
+            self.journal.push(p, run.logged, rejected=out.outcome == "rejected", outcome=out)
         if out.outcome == "rejected":
             eng.counters["rejected"] += 1
             return out
@@ -852,7 +852,7 @@ class _Run:
         self.stored: set[str] = set()
         self.isolated = isolated
         self.failure: _Failure | None = None
-        self.logged: list[tuple[TeSpec, Batch | None]] = []  # committed TEs, for strong logging
+        self.logged: Logged = []  # committed TEs, for strong logging
         self.timed: list[tuple[str, float]] = []  # each procedure's TE and its run time, for the meter
         self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # a span push's rows, converted by `_span`

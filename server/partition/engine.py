@@ -164,7 +164,7 @@ class Engine:
     def compile_for(self, procedure: str | None, sql: str) -> Compiled:
         if procedure is None:
             raise InvalidArgument("SQL outside a procedure")
-        return compile_python_sql(self, procedure, sql)
+        return compile_python_sql(self.catalog, procedure, sql)
 
     def python_emits(self, procedure: str | None) -> frozenset[str]:
         if procedure is None:

@@ -24,8 +24,9 @@ with it (journal FRAGMENTS / SPAN), so it replays alone after a crash.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
@@ -39,8 +40,25 @@ from streamtx.server.partition.state import table_rows
 from streamtx.server.protocol import StateRows
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.engine import Engine
-    from streamtx.server.partition.transaction import Transaction
+    from streamtx.server.tuples import Batch
+
+
+class Host(ownership.Host, Protocol):
+    executor: str
+
+    def python_code(self, ref: str) -> Callable[..., Any]: ...
+
+
+class Te(Protocol):
+    """The TE that runs a batch over the exchange's rows (partition/transaction.py)."""
+
+    engine: Host
+    procedure: str | None
+    ts: int
+    input: Batch | None
+
+    def batch_rows(self) -> list[Row]: ...
+    def emit_state_rows(self, stream: str, rows: list[Row]) -> None: ...
 
 
 @dataclass
@@ -80,7 +98,7 @@ class Exchange:
         return index
 
 
-def state_procedure(engine: Engine, procedure: str) -> StateProcedure:
+def state_procedure(engine: Host, procedure: str) -> StateProcedure:
     proc = engine.catalog.procedures.get(procedure)
     fn = engine.python_code(proc.python) if proc is not None and proc.python else None
     if not isinstance(fn, StateProcedure):
@@ -88,7 +106,7 @@ def state_procedure(engine: Engine, procedure: str) -> StateProcedure:
     return fn
 
 
-def read_owned(engine: Engine, items: list[tuple[str, int, list[Row]]]) -> tuple[StateRows, list[pa.Table]]:
+def read_owned(engine: Host, items: list[tuple[str, int, list[Row]]]) -> tuple[StateRows, list[pa.Table]]:
     """Round 1: the rows held here of the keys named by the events of each (procedure, ts, batch rows).
 
     A batch whose pre_process fails names nothing: the second round fails it
@@ -120,7 +138,7 @@ def read_owned(engine: Engine, items: list[tuple[str, int, list[Row]]]) -> tuple
     return StateRows(names), out
 
 
-def run_replicated(tx: Transaction, proc: StateProcedure, ex: Exchange) -> None:
+def run_replicated(tx: Te, proc: StateProcedure, ex: Exchange) -> None:
     """Round 2, one batch: its state transactions over the exchange's working set.
 
     The rows it names join the working set from the merged rows the first
@@ -168,7 +186,7 @@ def run_replicated(tx: Transaction, proc: StateProcedure, ex: Exchange) -> None:
     _written(tx, ex)
 
 
-def _written(tx: Transaction, ex: Exchange) -> None:
+def _written(tx: Te, ex: Exchange) -> None:
     """A fragment's TE ends with its rows written back: a constraint they break aborts it (the front undoes it all)."""
     if ex.span:
         return
@@ -179,7 +197,7 @@ def _written(tx: Transaction, ex: Exchange) -> None:
         eng.state.ws.clear()
 
 
-def keep_owned(eng: Engine, ws: WorkingSet) -> None:
+def keep_owned(eng: Host, ws: WorkingSet) -> None:
     """The written rows held here join the partition's working set, to be written back at the commit."""
     for table, dirty in ws.dirty.items():
         if not dirty:
@@ -192,7 +210,7 @@ def keep_owned(eng: Engine, ws: WorkingSet) -> None:
                 eng.state.put(table, k, rows[k])
 
 
-def _rows(engine: Engine, table: str, keys: list[Any]) -> pa.Table:
+def _rows(engine: Host, table: str, keys: list[Any]) -> pa.Table:
     pk = engine.state.key_of(table)
     cols = ", ".join(quote(c) for c in engine.state.columns[table])
     return engine.con.execute(

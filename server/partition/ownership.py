@@ -19,22 +19,30 @@ did not cover.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from streamtx.errors import FailedPrecondition
 from streamtx.procedure import Event
 from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
+from streamtx.server.partition.ports import Parts
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.engine import Engine
+    from streamtx.server.partition.state import StateStore
+
+
+class Host(Parts, Protocol):
+    state: StateStore
+
+    def replicated_tables(self) -> frozenset[str]: ...
+
 
 BY_KEY = "by-key"  # partitioned by its primary key
 BY_OTHER = "by-other-column"  # partitioned by another column
 
 
-def placement_of(engine: Engine, table: str) -> str | None:
+def placement_of(engine: Host, table: str) -> str | None:
     """REPLICATED, SINGLE, BY_KEY or BY_OTHER; None for a table the catalog does not know."""
     kind = engine.catalog.placement.tables.get(table)
     if kind != PARTITIONED:
@@ -43,7 +51,7 @@ def placement_of(engine: Engine, table: str) -> str | None:
     return BY_KEY if key is not None and key == engine.catalog.readable[table].partition_by else BY_OTHER
 
 
-def owners(engine: Engine, table: str, keys: list[Any], where: str) -> np.ndarray:
+def owners(engine: Host, table: str, keys: list[Any], where: str) -> np.ndarray:
     """The partition holding each key's row of a SINGLE or BY_KEY table."""
     if where == SINGLE or engine.map.partitions == 1:
         return np.zeros(len(keys), dtype=np.int32)
@@ -71,7 +79,7 @@ def refuse_replicated_write(procedure: str | None, table: str) -> FailedPrecondi
     )
 
 
-def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> None:
+def check_local(engine: Host, procedure: str | None, events: list[Event]) -> None:
     """Every row the events name is this partition's: else the TE fails, naming the first stray key."""
     if engine.map.partitions == 1:  # every row is here; only a replicated write is refused
         replicated = engine.replicated_tables
@@ -96,7 +104,7 @@ def check_local(engine: Engine, procedure: str | None, events: list[Event]) -> N
             raise _stray(engine, procedure, table, keys[table][i], int(found[i]), frozenset([me]))
 
 
-def _placed_by(engine: Engine, procedure: str | None) -> str:
+def _placed_by(engine: Host, procedure: str | None) -> str:
     proc = engine.catalog.procedures.get(procedure or "")
     if proc is not None and proc.key_columns:
         return f"the partition of every key in its PARTITION ON columns {', '.join(proc.key_columns)}"
@@ -107,7 +115,7 @@ def _placed_by(engine: Engine, procedure: str | None) -> str:
     return "a procedure without PARTITION ON runs on partition 0"
 
 
-def _hint(engine: Engine, procedure: str | None) -> str:
+def _hint(engine: Host, procedure: str | None) -> str:
     proc = engine.catalog.procedures.get(procedure or "")
     if proc is not None and proc.key_columns:
         return "list every event column holding a key the procedure accesses in PARTITION ON (...)"
@@ -115,7 +123,7 @@ def _hint(engine: Engine, procedure: str | None) -> str:
 
 
 def _stray(
-    engine: Engine, procedure: str | None, table: str, key: Any, owner: int, involved: frozenset[int]
+    engine: Host, procedure: str | None, table: str, key: Any, owner: int, involved: frozenset[int]
 ) -> FailedPrecondition:
     where = (
         f"runs on partition {next(iter(involved))}"
@@ -132,7 +140,7 @@ class Unspannable(FailedPrecondition):
     """A batch a span cannot run as it would run alone: the span is undone and its batches run one by one."""
 
 
-def covered(engine: Engine, procedure: str | None, table: str, keys: list[Any], involved: frozenset[int]) -> None:
+def covered(engine: Host, procedure: str | None, table: str, keys: list[Any], involved: frozenset[int]) -> None:
     """Every row a TE over merged rows names lives on one of the partitions its batch involves.
 
     A batch local to one partition trusts it with the rows of a table

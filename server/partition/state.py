@@ -26,9 +26,8 @@ commit, as before, so a constraint it breaks still aborts that interval.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -39,37 +38,35 @@ from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
+from streamtx.server.partition.ports import Parts
 from streamtx.server.partition.ranked import Ranked, RowFn
 from streamtx.server.partition.views import Follower
+from streamtx.server.tuples import INT_RANGES, Kind, RowShape, Values, fits_kind, kind_of
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.engine import Engine
-    from streamtx.server.partition.windows import Groups
+    from streamtx.server.partition.windows import Groups, Windows
 
 
-_INT_RANGES = {
-    pa.int8(): (-(2**7), 2**7 - 1),
-    pa.int16(): (-(2**15), 2**15 - 1),
-    pa.int32(): (-(2**31), 2**31 - 1),
-    pa.int64(): (-(2**63), 2**63 - 1),
-    pa.uint8(): (0, 2**8 - 1),
-    pa.uint16(): (0, 2**16 - 1),
-    pa.uint32(): (0, 2**32 - 1),
-    pa.uint64(): (0, 2**63 - 1),  # what inference reads as int64: larger ints take the general path
-}
+class Host(Parts, Protocol):
+    """The partition as its working set sees it: the windows it syncs with, and transactions (`sync`)."""
+
+    windows: Windows
+
+    def begin(self) -> None: ...
+    def commit(self, hold_back: bool = False) -> None: ...
+    def rollback(self) -> None: ...
+
+
 _SQL_INT_RANGES = {
-    "TINYINT": _INT_RANGES[pa.int8()],
-    "SMALLINT": _INT_RANGES[pa.int16()],
-    "INTEGER": _INT_RANGES[pa.int32()],
-    "BIGINT": _INT_RANGES[pa.int64()],
-    "UTINYINT": _INT_RANGES[pa.uint8()],
-    "USMALLINT": _INT_RANGES[pa.uint16()],
-    "UINTEGER": _INT_RANGES[pa.uint32()],
+    "TINYINT": INT_RANGES[pa.int8()],
+    "SMALLINT": INT_RANGES[pa.int16()],
+    "INTEGER": INT_RANGES[pa.int32()],
+    "BIGINT": INT_RANGES[pa.int64()],
+    "UTINYINT": INT_RANGES[pa.uint8()],
+    "USMALLINT": INT_RANGES[pa.uint16()],
+    "UINTEGER": INT_RANGES[pa.uint32()],
     "UBIGINT": (0, 2**64 - 1),
 }
-_PY_TYPES = {pa.string(): str, pa.large_string(): str, pa.bool_(): bool, pa.float64(): float}
-_Kind = tuple[type, int | None, int | None]
-"""A column's exact Python type and, for integers, its range."""
 
 CACHED_ROWS = 100_000  # rows of one table the working set keeps across intervals
 INDEX_AFTER = 64  # keys of a table looked up in DuckDB before its keys are held in memory (`KeyIndex`)
@@ -77,82 +74,6 @@ SMALL = 4  # rows (or keys) few enough for one parameterized statement each, rat
 SPLIT_WRITE_BACK = 64  # new rows of a table that pay for a separate INSERT beside its upsert
 DEFER_MAX = 20_000  # dirty rows and retained output parts held back from DuckDB, at most (write-behind)
 TAKEN_HISTORY = 100_000  # batch ids per producer's stream whose timestamps stay known (a re-send's ack)
-Values = tuple[Any, ...]
-"""One row's values in its stream's column order."""
-
-
-class RowShape:
-    """A stream's columns as exact Python types: post_process rows become its tables without inference.
-
-    The general path (`Transaction.emit`) infers Arrow types from the rows,
-    then casts to the stream's schema. When a row has exactly the stream's
-    columns and each value is None or of its column's own Python type (an int
-    in the column's range, a str, a bool, a float), building the columns with
-    the schema's types gives the same table, and reading it back gives the
-    same values; `values` says whether that holds, so whatever else a
-    procedure emits (and every error) still takes the general path.
-    """
-
-    def __init__(self, schema: pa.Schema, checks: list[_Kind]) -> None:
-        self.schema = schema
-        self.names = tuple(schema.names)
-        self.stored_schema = schema.append(pa.field("batch_id", pa.int64()))
-        self._struct = pa.struct(list(schema))
-        self._stored_struct = pa.struct(list(self.stored_schema))
-        self._keys = frozenset(self.names)
-        self._checks = checks
-        name = self.names[0]
-        self._get: Callable[[Row], Values] = (
-            operator.itemgetter(*self.names) if len(self.names) > 1 else lambda r: (r[name],)
-        )
-
-    @classmethod
-    def of(cls, schema: pa.Schema) -> RowShape | None:
-        """The shape of `schema`, or None if a column's type has no exact Python counterpart here."""
-        checks = [_kind_of(field.type) for field in schema]
-        if not checks or None in checks or len(set(schema.names)) < len(schema.names):
-            return None
-        return cls(schema, checks)
-
-    def values(self, rows: list[Row]) -> list[Values] | None:
-        """Each row's values in column order, or None if any row does not fit the shape exactly."""
-        keys, get, checks = self._keys, self._get, self._checks
-        out = []
-        for row in rows:
-            if type(row) is not dict or row.keys() != keys:
-                return None
-            values = get(row)
-            for v, kind in zip(values, checks, strict=True):
-                if v is not None and not _fits(v, kind):
-                    return None
-            out.append(values)
-        return out
-
-    def fits(self, values: list[Values]) -> bool:
-        """Whether values in column order (a compiled statement's tuples) fit the shape exactly."""
-        n, checks = len(self.names), self._checks
-        for row in values:
-            if len(row) != n:
-                return False
-            for v, kind in zip(row, checks, strict=True):
-                if v is not None and not _fits(v, kind):
-                    return False
-        return True
-
-    def table(self, values: list[Values]) -> pa.Table:
-        """The rows as a table of the stream's schema (values from `values`)."""
-        return self._table(values, self._struct, self.schema)
-
-    def stored(self, values: list[Values], batch_ids: list[int]) -> pa.Table:
-        """The rows with their batch ids, as the stream's storage table takes them."""
-        rows = [(*v, b) for v, b in zip(values, batch_ids, strict=True)]
-        return self._table(rows, self._stored_struct, self.stored_schema)
-
-    @staticmethod
-    def _table(rows: list[Values], struct: pa.StructType, schema: pa.Schema) -> pa.Table:
-        # one conversion for all columns: a struct array of the rows, then its fields as the columns
-        table = pa.Table.from_struct_array(pa.array(rows, type=struct))
-        return table.replace_schema_metadata(schema.metadata) if schema.metadata else table
 
 
 def _plain(v: Any) -> bool:
@@ -182,33 +103,6 @@ def _same_plain_kind(keys: list[Any]) -> bool:
     """Keys all ints or all strs, plain: bound one by one they compare as the list parameter's would."""
     kinds = {type(k) for k in keys}
     return (kinds == {str} or kinds == {int}) and all(_plain(k) for k in keys)
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:  # a lone surrogate, which Arrow refuses
-        return False
-    return True
-
-
-def _kind_of(arrow_type: pa.DataType) -> _Kind | None:
-    """The exact Python type (and range) whose values an Arrow type stores unchanged; None if it has none here."""
-    bounds = _INT_RANGES.get(arrow_type)
-    if bounds is not None:
-        return (int, *bounds)
-    cls = _PY_TYPES.get(arrow_type)
-    return None if cls is None else (cls, None, None)
-
-
-def _fits(v: Any, kind: _Kind) -> bool:
-    """A value (not None) is exactly of the kind's Python type, in its range; a str Arrow can encode."""
-    cls, lo, hi = kind
-    if type(v) is not cls:
-        return False
-    if lo is not None:
-        return lo <= v <= hi  # type: ignore[operator]
-    return cls is not str or v.isascii() or _encodable(v)
 
 
 class KeyIndex:
@@ -274,7 +168,7 @@ class TableCheck:
     column of any other type has no check: its rows are written at once.
     """
 
-    def __init__(self, pk: tuple[str, ...], columns: list[tuple[str, _Kind, bool, bool]]) -> None:
+    def __init__(self, pk: tuple[str, ...], columns: list[tuple[str, Kind, bool, bool]]) -> None:
         self.pk = pk
         self.columns = columns  # (name, kind, is a list, nullable)
 
@@ -284,7 +178,7 @@ class TableCheck:
         columns = []
         for field in schema:
             listed = pa.types.is_list(field.type)
-            kind = _kind_of(field.type.value_type if listed else field.type)
+            kind = kind_of(field.type.value_type if listed else field.type)
             if kind is None:
                 return None
             columns.append((field.name, kind, listed, field.name not in not_null))
@@ -302,9 +196,9 @@ class TableCheck:
                 if not nullable:
                     return False
             elif listed:
-                if type(v) is not list or not all(x is None or _fits(x, kind) for x in v):
+                if type(v) is not list or not all(x is None or fits_kind(x, kind) for x in v):
                     return False
-            elif not _fits(v, kind):
+            elif not fits_kind(v, kind):
                 return False
         return True
 
@@ -354,7 +248,7 @@ def run_values(runs: list[list[int]], tables: list[pa.Table]) -> tuple[list[pa.T
 class StateStore:
     """The partition's working set and the DuckDB statements that load and write it back."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Host) -> None:
         self.engine = engine
         self.ws = WorkingSet()
         self.keys: dict[str, str] = {}  # table -> its one-column primary key
@@ -411,7 +305,7 @@ class StateStore:
             if t not in self.columns:
                 continue
             schema = con.sql(f"SELECT * FROM {quote(t)} LIMIT 0").to_arrow_table().schema
-            key_kinds = [_kind_of(schema.field(c).type) for c in pk]
+            key_kinds = [kind_of(schema.field(c).type) for c in pk]
             if all(k is not None and k[0] in (int, str) for k in key_kinds):
                 kinds[t] = tuple(k[0] for k in key_kinds)  # type: ignore[index]
             if t in constrained:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import duckdb
 import pyarrow as pa
@@ -27,17 +27,37 @@ from streamtx.server.catalog.compile import (
     compile_statement,
 )
 from streamtx.server.catalog.placement import EVERYWHERE
+from streamtx.server.partition import exchange
 from streamtx.server.partition.exchange import run_replicated
 from streamtx.server.partition.ownership import check_local
-from streamtx.server.partition.state import RowShape, Values, table_rows
+from streamtx.server.partition.state import table_rows
 from streamtx.server.sqlc.ctx import Ctx, Fallback
 from streamtx.server.sqlc.errors import SqlError
 from streamtx.server.sqlc.statement import Result, Statement
-from streamtx.server.tuples import Batch, Tuples, arrow
+from streamtx.server.tuples import Batch, RowShape, Tuples, Values, arrow
 from streamtx.wire import conform
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.engine import Engine
+    from streamtx.server.catalog.catalog import Catalog
+    from streamtx.server.partition.exchange import Exchange
+    from streamtx.server.partition.relations import Relations
+    from streamtx.server.partition.sqlplans import SqlPlans
+
+
+class Host(exchange.Host, Protocol):
+    """The partition as a TE sees it (`Engine`)."""
+
+    relations: Relations
+    sql_plans: SqlPlans
+    exchange: Exchange | None
+    prepared: dict[tuple[int, str], list[Event]]
+    prepared_epoch: int
+
+    def check_local(self, procedure: str | None, stream: str, rows: Batch) -> None: ...
+    def compile_for(self, procedure: str | None, sql: str) -> Compiled: ...
+    def python_emits(self, procedure: str | None) -> frozenset[str]: ...
+    def stream_triggers(self, stream: str) -> tuple[str, ...]: ...
+
 
 warnings.filterwarnings("ignore", message="Arrow output on a DB-API result")
 
@@ -50,7 +70,7 @@ class Transaction(Tx):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Host,
         procedure: str | None,
         ts: int,
         input_stream: str | None = None,
@@ -425,12 +445,12 @@ def _as_table(rows: Any) -> pa.Table:
     raise StreamTxError(f"cannot turn {type(rows).__name__} into rows")
 
 
-def compile_python_sql(engine: Engine, procedure: str, sql: str) -> Compiled:
-    proc = engine.catalog.procedures[procedure]
-    scope = engine.catalog.scope(
+def compile_python_sql(catalog: Catalog, procedure: str, sql: str) -> Compiled:
+    proc = catalog.procedures[procedure]
+    scope = catalog.scope(
         f"procedure {procedure}",
         proc.on_stream,
-        set(engine.catalog.owned_windows(procedure)),
+        set(catalog.owned_windows(procedure)),
         {p for p, _ in proc.params} | _free_params(sql),
     )
     return compile_statement(sql, scope)

@@ -11,14 +11,20 @@ statement DuckDB runs recomputes the views of the tables it may write
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from streamtx.errors import Internal
 from streamtx.procedure import Row
 from streamtx.server.catalog.views import ViewPlan
+from streamtx.server.partition.opchain import WorkingSet
 
-if TYPE_CHECKING:
-    from streamtx.server.partition.state import StateStore
+
+class Rows(Protocol):
+    """The rows a view's change reads and writes: the working set, a missing row loaded from DuckDB."""
+
+    ws: WorkingSet
+
+    def row(self, table: str, key: Any) -> Row | None: ...
 
 
 class Follower:
@@ -49,7 +55,7 @@ class Follower:
                 out.append(row[arg])
         return out
 
-    def change(self, store: StateStore, old: Row | None, new: Row | None) -> None:
+    def change(self, store: Rows, old: Row | None, new: Row | None) -> None:
         """`old` became `new` in the view's table (None: no row)."""
         if old is not None and new is not None:
             key = self.key(new)
@@ -63,7 +69,7 @@ class Follower:
         if new is not None:
             self._add(store, self.key(new), self.part(new), new)
 
-    def _add(self, store: StateStore, key: Any, delta: list[int], source: Row) -> None:
+    def _add(self, store: Rows, key: Any, delta: list[int], source: Row) -> None:
         row = store.row(self.name, key)
         if row is None:
             if delta[self.count_at] <= 0:

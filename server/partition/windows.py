@@ -32,17 +32,39 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from streamtx.server.catalog.compile import SYSTEM_SCHEMA, WINDOW_SCHEMA, batch_relation, quote
+from streamtx.procedure import Row
+from streamtx.server.catalog.compile import SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, batch_relation, quote
+from streamtx.server.partition.ports import Parts
 from streamtx.server.tuples import Batch, arrow
 
 if TYPE_CHECKING:
-    from streamtx.server.partition.engine import Engine
-    from streamtx.server.partition.transaction import Transaction
+    import duckdb
+
+    from streamtx.server.partition.sqlplans import SqlPlans
+
+
+class Host(Parts, Protocol):
+    sql_plans: SqlPlans
+
+
+class Firing(Protocol):
+    """The TE a window's tuples arrive in: its EE triggers run inside it."""
+
+    ts: int
+
+    def rows_of(self, batch: Batch) -> list[Row]: ...
+    def register_input(self) -> None: ...
+    def execute(self, sql: str, params: dict[str, Any]) -> duckdb.DuckDBPyConnection: ...
+    def statements_of(self, unit: str) -> list[tuple[int, Compiled]]: ...
+    def run_compiled(
+        self, compiled: Compiled, plan: tuple[str, int] | None = None, rows: Batch | None = None
+    ) -> None: ...
+
 
 STATE_DDL = (
     f"CREATE TABLE IF NOT EXISTS {SYSTEM_SCHEMA}.window_ends (window_name VARCHAR PRIMARY KEY, range_end BIGINT)"
@@ -78,7 +100,7 @@ class WindowGroups:
 
 
 class Windows:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Host) -> None:
         self.engine = engine
         self.state: dict[str, WindowState] = {}
         # in-memory ROWS windows: tuples by position (from the lowest still visible), and what DuckDB holds
@@ -132,7 +154,7 @@ class Windows:
             for s in [s for s in held if s >= end]:
                 del held[s]
 
-    def feed(self, tx: Transaction, window: str, stream: str, batch: Batch) -> None:
+    def feed(self, tx: Firing, window: str, stream: str, batch: Batch) -> None:
         """Appends `batch` (registered as the TE's input) to `window` and applies its slides."""
         if batch.num_rows == 0:
             return
@@ -174,7 +196,7 @@ class Windows:
 
     def _slide_rows(
         self,
-        tx: Transaction,
+        tx: Firing,
         table: str,
         size: int,
         slide: int,
@@ -192,7 +214,7 @@ class Windows:
 
     def _slide_range(
         self,
-        tx: Transaction,
+        tx: Firing,
         name: str,
         table: str,
         size: int,
@@ -219,7 +241,7 @@ class Windows:
         st.range_end = end
         self._save_end(tx, name, end)
 
-    def _save_end(self, tx: Transaction, name: str, end: int) -> None:
+    def _save_end(self, tx: Firing, name: str, end: int) -> None:
         tx.execute(f"INSERT OR REPLACE INTO {SYSTEM_SCHEMA}.window_ends VALUES ($n, $e)", {"n": name, "e": end})
 
     # ---------------------------------------------------------- in memory
@@ -328,7 +350,7 @@ class Windows:
             for s in [s for s in held if s < lo]:
                 del held[s]
 
-    def _fire(self, tx: Transaction, triggers: list[str]) -> None:
+    def _fire(self, tx: Firing, triggers: list[str]) -> None:
         for name in triggers:
             unit = f"trigger {name}"
             for i, compiled in tx.statements_of(unit):

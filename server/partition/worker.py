@@ -36,7 +36,7 @@ from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, SocketFrames, unpack
 from streamtx.server.loader import ProcedureLoader
-from streamtx.server.partition import checkpoints
+from streamtx.server.partition import checkpoints, replay
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
@@ -129,7 +129,7 @@ class Worker:
             pr.Install: self._install,
             pr.Checkpoint: self._start_checkpoint,
             pr.Release: self._release,
-            pr.RecoveryInfo: lambda c, _: (self.journal.recovery_info(self.data_dir), []),
+            pr.RecoveryInfo: lambda c, _: (replay.recovery_info(self.data_dir), []),
             pr.Recover: lambda c, _: (self.recover(c.checkpoint, set(c.done)), []),
             pr.Done: lambda c, _: (self.journal.done(c.ts), []),
             pr.Original: lambda c, _: (self.engine.original_outcome(c.producer, c.stream, c.batch_id), []),
@@ -143,8 +143,14 @@ class Worker:
         """Rebuilds the partition from the chosen checkpoint and its command log (the front chose both)."""
         part = self.data_dir
         try:
-            info = self.journal.recover(
-                self.dataflow, part / "checkpoints", checkpoint_ts, part / "log", done, self.engine.partition
+            info = replay.recover(
+                self.journal,
+                self.dataflow,
+                part / "checkpoints",
+                checkpoint_ts,
+                part / "log",
+                done,
+                self.engine.partition,
             )
         except (CorruptLog, CorruptCheckpoint) as e:
             log.event("recovery_failed", f"cannot recover: {e}", level="error", partition=self.engine.partition)
