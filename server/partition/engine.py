@@ -39,6 +39,7 @@ from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.exchange import Exchange
 from streamtx.server.partition.marks import Marks
 from streamtx.server.partition.meter import Meter
+from streamtx.server.partition.ownership import Known
 from streamtx.server.partition.relations import Relations
 from streamtx.server.partition.sqlplans import SqlPlans
 from streamtx.server.partition.state import StateStore
@@ -94,7 +95,7 @@ class Engine:
         self.prepared: dict[tuple[int, str], list[Event]] = {}  # (ts, procedure) -> pre-processed events
         self.prepared_epoch = -1  # the working set's epoch when their keys were loaded
         self._python: dict[str, Callable[..., Any]] = {}  # python_code
-        self._facts_of: Catalog | None = None  # the catalog `_facts_cache` describes
+        self._facts_of: tuple[Catalog, PartitionMap] | None = None  # what `_facts_cache` describes
         self._facts_cache: dict[tuple[str, str], Any] = {}
         self.map = PartitionMap.round_robin(1, 1)
         self.coordinated = False  # running a fragment of a coordinated command: the front routes its output
@@ -205,9 +206,19 @@ class Engine:
             facts[key] = frozenset(t for t, kind in placed.items() if kind == REPLICATED)
         return facts[key]
 
+    @property
+    def known_local(self) -> Known:
+        """What the ownership check learnt (partition/ownership.py `Known`), while the catalog and map stay."""
+        facts = self._facts()
+        key = ("known_local", "")
+        if key not in facts:
+            facts[key] = Known()
+        return facts[key]
+
     def _facts(self) -> dict[tuple[str, str], Any]:
-        if self._facts_of is not self.catalog:
-            self._facts_of = self.catalog
+        of = self._facts_of
+        if of is None or of[0] is not self.catalog or of[1] is not self.map:
+            self._facts_of = (self.catalog, self.map)
             self._facts_cache = {}
         return self._facts_cache
 

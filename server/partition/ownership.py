@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 class Host(Parts, Protocol):
     state: StateStore
 
+    @property
     def replicated_tables(self) -> frozenset[str]: ...
+
+    @property
+    def known_local(self) -> Known: ...
 
 
 BY_KEY = "by-key"  # partitioned by its primary key
@@ -89,6 +93,9 @@ def check_local(engine: Host, procedure: str | None, events: list[Event]) -> Non
                     if op.kind != "read" and op.table in replicated:
                         raise refuse_replicated_write(procedure, op.table)
         return
+    known = engine.known_local
+    if _known_local(engine, events, known):
+        return
     keys, writes = declared(events)
     me = engine.partition
     for table in sorted(keys):
@@ -102,6 +109,61 @@ def check_local(engine: Host, procedure: str | None, events: list[Event]) -> Non
         if len(stray):
             i = int(stray[0])
             raise _stray(engine, procedure, table, keys[table][i], int(found[i]), frozenset([me]))
+    if len(known.keys) > KNOWN_MAX:
+        known.keys.clear()
+    for table, ks in keys.items():
+        if known.places.get(table) == BY_KEY:
+            for k in ks:
+                try:
+                    known.keys.add((table, type(k), k))
+                except TypeError:  # an unhashable key is checked every time
+                    pass
+
+
+class Known:
+    """What `check_local` learnt while the catalog and the partition map stay: each table's placement, and the
+    keys of tables partitioned by key that it found on this partition, as (table, key type, key).
+
+    Hashing a key to its bin costs more than a state event's own work, and
+    the same keys (a voter's phones, its contestants) come back again and
+    again: a TE whose rows were all found here before is not hashed again.
+    """
+
+    __slots__ = ("places", "keys")
+
+    def __init__(self) -> None:
+        self.places: dict[str, str | None] = {}
+        self.keys: set[tuple[str, type, Any]] = set()
+
+
+KNOWN_MAX = 100_000  # keys remembered at most (then forgotten at once)
+
+
+def _known_local(engine: Host, events: list[Event], known: Known) -> bool:
+    """Whether no event writes a replicated table and every key that must be checked was found here before."""
+    try:
+        for ev in events:
+            for op in ev.ops:
+                if not _known(engine, known, op.table, op.key, op.kind != "read"):
+                    return False
+                for table, key in op.reads:
+                    if not _known(engine, known, table, key, False):
+                        return False
+    except TypeError:  # an unhashable key
+        return False
+    return True
+
+
+def _known(engine: Host, known: Known, table: str, key: Any, writes: bool) -> bool:
+    places = known.places
+    if table not in places:
+        places[table] = placement_of(engine, table)
+    where = places[table]
+    if where == REPLICATED:
+        return not writes
+    if where == BY_KEY or (where == SINGLE and engine.partition != 0):
+        return (table, type(key), key) in known.keys
+    return True
 
 
 def _placed_by(engine: Host, procedure: str | None) -> str:

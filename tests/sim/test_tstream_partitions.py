@@ -145,6 +145,22 @@ def test_a_key_outside_partition_on_fails_loudly(client):
     assert c.query("SELECT key, n FROM counters").fetchall() == [(K2[2], 4)]  # the refused batches changed nothing
 
 
+def test_keys_found_local_are_remembered_key_by_key_never_batch_by_batch(client):
+    """A partition remembers the rows it found its own (`check_local`); an event naming one of those and a
+    stray row is still refused, and the remembered rows keep running."""
+    c = client
+    c.deploy(TABLES + PROC.format(how="PARTITION ON (key)"))
+    pushed = [(0, K1[0], 5, None), (1, K1[0], 1, K1[1]), (2, K1[1], 2, K1[0])]
+    acks = [c.push("counter_events", events([row])).result() for row in pushed]
+    assert [(a.outcome, a.reason) for a in acks] == [("committed", "")] * 3
+    stray = c.push("counter_events", events([(3, K1[0], 1, K2[0])])).result()
+    assert stray.outcome == "rejected" and stray.code == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"counters[{K2[0]}], which lives on partition 2, but its batch runs on partition 1" in stray.reason
+    again = c.push("counter_events", events([(4, K1[1], 1, K1[0])])).result()
+    assert (again.outcome, again.reason) == ("committed", "")
+    assert dict(c.query("SELECT key, n FROM counters").fetchall()) == model([*pushed, (4, K1[1], 1, K1[0])])
+
+
 def test_a_state_procedure_without_partition_on_refuses_rows_of_other_partitions(client):
     c = client
     c.deploy(TABLES + PROC.format(how=""))
