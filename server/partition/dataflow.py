@@ -104,7 +104,7 @@ class _Flow:
     items: list[_FlowItem]
     wire: tuple[pr.Flow, list[pa.Table]]  # as the front sent it: what the command log keeps
     outcomes: list[Outcome] = field(default_factory=list)
-    emitted: list[dict[str, pa.Table]] = field(default_factory=list)
+    emitted: list[dict[str, Batch]] = field(default_factory=list)
     taken: list[Taken] = field(default_factory=list)
     keep: dict[str, list[int]] = field(default_factory=dict)
     runs: list[_Run] = field(default_factory=list)
@@ -857,7 +857,7 @@ class _Run:
         self.aborted: list[str] = []  # procedures whose TE aborted (`Dataflow._execute`)
         self.values: dict[str, tuple[pa.Table, list[Values]]] = {}  # a span push's rows, converted by `_span`
         self.stage: str | None = None  # a flow's stage (front/flows.py): "entry" or "rest"
-        self.outputs: dict[str, pa.Table] = {}  # stage "entry": what the entry TEs emitted for other TEs
+        self.outputs: dict[str, Batch] = {}  # stage "entry": what the entry TEs emitted for other TEs
 
     def start_push(self, p: Push) -> None:
         """The batch's entry unit: every consumer of its stream, taken or refused together."""
@@ -974,7 +974,7 @@ class _Run:
             rows = concat(parts)
             if self.stage == "entry" and self.eng.catalog.consumers.get(stream):
                 before = self.outputs.get(stream)  # the entry unit's TEs may emit to one stream, in their order
-                self.outputs[stream] = arrow(rows) if before is None else pa.concat_tables([before, arrow(rows)])
+                self.outputs[stream] = rows if before is None else concat([before, rows])  # Arrow once per step
             self.schedule.emitted(unit, stream, rows)
 
 
