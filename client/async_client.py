@@ -1,17 +1,16 @@
 """The asyncio client: the one implementation of the streamtx wire protocol in Python.
 
-Pushes are pipelined over ONE long-lived bidirectional `PushStream` call, because
-a round trip per batch caps ingest at a few thousand batches per second (see
-DESIGN.md, "Facts"). Each batch is acknowledged by an ack naming it; a future
-per batch resolves when its ack arrives. A window of `max_in_flight` admitted
-but unacknowledged batches bounds memory on both ends. Batches queued while a
-write is under way leave together, in one message of several batches (their
-ids consecutive, each still its own atomic batch with its own ack), so a
-producer of many small batches pays gRPC's and Arrow's per-message cost once
-per message, not once per batch. When the stream breaks,
-unacknowledged batches are re-sent with the same batch ids: the server's
-exactly-once dedup turns any that were already applied into DUPLICATE acks.
-"""
+Pushes are pipelined over ONE long-lived bidirectional `PushStream` call, because a
+round trip per batch caps ingest at a few thousand batches per second
+(docs/benchmarks.md, `bench push`: unary calls 241 batches/s). Each batch is
+acknowledged by an ack naming it; a future per batch resolves when its ack arrives.
+A window of `max_in_flight` admitted but unacknowledged batches bounds memory on
+both ends. Batches queued while a write is under way leave together, in one message
+of several batches (their ids consecutive, each still its own atomic batch with its
+own ack), so a producer of many small batches pays gRPC's and Arrow's per-message
+cost once per message, not once per batch. When the stream breaks, unacknowledged
+batches are re-sent with the same batch ids: the server's exactly-once dedup turns
+any that were already applied into DUPLICATE acks."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ Slides are applied set-based, once per TE: when a batch completes several
 slides (a batch of k tuples under SLIDE 1 completes k), the window moves by
 all of them in one step and its EE triggers run once, over the window after
 the last slide. The intermediate windows are never materialized: doing so
-would be per-tuple SQL on the hot path (see DESIGN.md).
+would be per-tuple SQL on the hot path (0.3-3 ms per statement in DuckDB).
 
 - `ROWS n SLIDE m`: a slide every m tuples; the last n tuples are visible.
 - `RANGE t SLIDE s` (column `ts`): window ends advance in steps of s once a
