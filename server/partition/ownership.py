@@ -99,7 +99,7 @@ def check_local(engine: Host, procedure: str | None, events: list[Event]) -> Non
     keys, writes = declared(events)
     me = engine.partition
     for table in sorted(keys):
-        where = placement_of(engine, table)
+        where = known.places[table] = placement_of(engine, table)
         if where == REPLICATED and table in writes:
             raise refuse_replicated_write(procedure, table)
         if where not in (SINGLE, BY_KEY) or (where == SINGLE and me == 0):
@@ -112,7 +112,7 @@ def check_local(engine: Host, procedure: str | None, events: list[Event]) -> Non
     if len(known.keys) > KNOWN_MAX:
         known.keys.clear()
     for table, ks in keys.items():
-        if known.places.get(table) == BY_KEY:
+        if known.places[table] == BY_KEY:
             for k in ks:
                 try:
                     known.keys.add((table, type(k), k))
