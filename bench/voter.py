@@ -225,9 +225,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             ok = all(c.query(sql).fetchall() == expected[name] for name, sql in queries.items())
             if cfg.mode != "client_ordered":  # its procedures return rejections and deletions to the client
                 rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
-                deletions = c.query(
-                    "SELECT contestant_number, removed_votes FROM deletions ORDER BY batch_id"
-                ).fetchall()
+                deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY __ts").fetchall()
                 ok = ok and rejected == sorted(ref.rejected) and deletions == ref.deletions
         checks[cfg.server].append(ok)
         if not ok:

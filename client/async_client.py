@@ -352,28 +352,29 @@ class AsyncClient:
         resp = await self._unary("Status", pb.StatusRequest(), retry=True)
         return message_to_dict(resp)
 
-    async def subscribe(self, stream: str, from_batch: int = 0) -> AsyncIterator[tuple[int, Result]]:
-        """Yields (batch_id, Result) for the committed batches of `stream`, in order.
+    async def subscribe(self, stream: str, from_ts: int = 0) -> AsyncIterator[tuple[int, Result]]:
+        """Yields (ts, Result) for the committed batches of `stream`, in timestamp order.
 
-        A stream's batch ids are the sequencer timestamps of the batches. The
+        `ts` is the timestamp of the command whose TEs emitted the rows (a
+        push's ack `timestamp`); 0 starts at the oldest retained. The
         iteration follows the stream live and does not end by itself; wrap it
         in `contextlib.aclosing` to cancel the call when breaking out early. A
         broken connection (UNAVAILABLE) is resumed after the last delivered
-        batch id, up to `retries` times in a row.
+        ts, up to `retries` times in a row.
         """
         stub = self._ensure_stub()
-        next_batch = from_batch
+        next_ts = from_ts
         attempt = 0
         while True:
             call = stub.Subscribe(
-                pb.SubscribeRequest(stream=stream, from_batch=next_batch),
+                pb.SubscribeRequest(stream=stream, from_ts=next_ts),
                 metadata=self._metadata,
             )
             try:
                 async for batch in call:
                     attempt = 0
-                    next_batch = batch.batch_id + 1
-                    yield batch.batch_id, rowdata_to_result(batch.data, f"{stream} batch")
+                    next_ts = batch.ts + 1
+                    yield batch.ts, rowdata_to_result(batch.data, f"{stream} batch")
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:

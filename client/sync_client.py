@@ -174,9 +174,9 @@ class Client:
         """Waits for every in-flight batch; returns their results in send order."""
         return self._run(self._async.flush())
 
-    def subscribe(self, stream: str, from_batch: int = 0) -> Iterator[tuple[int, Result]]:
-        """Iterates (batch_id, Result) over a stream's committed batches."""
-        agen = self._async.subscribe(stream, from_batch)
+    def subscribe(self, stream: str, from_ts: int = 0) -> Iterator[tuple[int, Result]]:
+        """Iterates (ts, Result) over a stream's committed batches, from timestamp `from_ts` on."""
+        agen = self._async.subscribe(stream, from_ts)
         try:
             while True:
                 try:

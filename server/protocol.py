@@ -234,7 +234,7 @@ class ReadStream(Command):
 
     name = "read_stream"
     stream: str
-    from_batch: int
+    from_ts: int
     max_batches: int
 
 
@@ -415,9 +415,9 @@ class Gathered:
 
 @dataclass(frozen=True)
 class StreamBatches:
-    """Relations: one per batch id."""
+    """Relations: one per batch, named by its timestamp."""
 
-    batch_ids: list[int]
+    ts: list[int]
 
 
 @dataclass(frozen=True)

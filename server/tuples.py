@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from streamtx.procedure import Row
+from streamtx.server.catalog.compile import TS_COLUMN
 
 INT_RANGES = {
     pa.int8(): (-(2**7), 2**7 - 1),
@@ -56,7 +57,7 @@ class RowShape:
     def __init__(self, schema: pa.Schema, checks: list[Kind]) -> None:
         self.schema = schema
         self.names = tuple(schema.names)
-        self.stored_schema = schema.append(pa.field("batch_id", pa.int64()))
+        self.stored_schema = schema.append(pa.field(TS_COLUMN, pa.int64()))
         self._struct = pa.struct(list(schema))
         self._stored_struct = pa.struct(list(self.stored_schema))
         self._keys = frozenset(self.names)
@@ -103,9 +104,9 @@ class RowShape:
         """The rows as a table of the stream's schema (values from `values`)."""
         return self._table(values, self._struct, self.schema)
 
-    def stored(self, values: list[Values], batch_ids: list[int]) -> pa.Table:
-        """The rows with their batch ids, as the stream's storage table takes them."""
-        rows = [(*v, b) for v, b in zip(values, batch_ids, strict=True)]
+    def stored(self, values: list[Values], stamps: list[int]) -> pa.Table:
+        """The rows with their timestamps, as the stream's storage table takes them."""
+        rows = [(*v, ts) for v, ts in zip(values, stamps, strict=True)]
         return self._table(rows, self._stored_struct, self.stored_schema)
 
     @staticmethod

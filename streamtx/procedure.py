@@ -17,8 +17,10 @@ carries code:
 Every batch (and every OLTP call) runs at one global timestamp `ts`, which the
 server's sequencer gives each command in the order it takes them: it grows
 across all producers and streams, it is the `timestamp` of the push's
-acknowledgement, `$batch_id` in a procedure's SQL, and the batch id under which
-a stream no procedure consumes keeps the batch's output.
+acknowledgement, `$ts` in a procedure's SQL (`$batch_id` is its older name),
+and the `__ts` column of the tuples its TEs emit on a stream no procedure
+consumes. It is not the producer's batch id, which names a batch only among
+that producer's batches on that stream.
 
 Declaring accesses (nothing runs until the executor applies the event):
 
@@ -86,7 +88,7 @@ class Tx(Protocol):
     None for an OLTP call."""
 
     ts: int
-    """The global timestamp of the batch or call being run (see the module docstring); `$batch_id` in SQL."""
+    """The global timestamp of the batch or call being run (see the module docstring); `$ts` in SQL."""
 
     @property
     def batch_id(self) -> int:

@@ -171,19 +171,19 @@ class Harness:
         self.engine.state.sync()
         return Result(self.engine.query(sql, dict(params or {})))
 
-    def read_stream(self, stream: str, from_batch: int = 0) -> list[tuple[int, Result]]:
-        """Every kept batch of a stream no procedure consumes, from `from_batch` on: (timestamp, its tuples).
+    def read_stream(self, stream: str, from_ts: int = 0) -> list[tuple[int, Result]]:
+        """Every kept batch of a stream no procedure consumes, from timestamp `from_ts` on: (ts, its tuples).
 
         What `Client.subscribe` yields, up to the latest batch, then it ends.
         """
         self.engine.state.sync()
         out: list[tuple[int, Result]] = []
         while True:
-            batches = self.engine.read_stream(stream, from_batch, 64)
+            batches = self.engine.read_stream(stream, from_ts, 64)
             if not batches:
                 return out
-            out += [(b, Result(t)) for b, t in batches]
-            from_batch = batches[-1][0] + 1
+            out += [(ts, Result(t)) for ts, t in batches]
+            from_ts = batches[-1][0] + 1
 
     def tables(self) -> dict[str, pa.Table]:
         """Every table, view and window of the catalog, by name, rows in ORDER BY ALL order (compared by value)."""
@@ -196,7 +196,7 @@ class Harness:
     def outputs(self) -> dict[str, list[tuple[int, pa.Table]]]:
         """`read_stream` of every stream no procedure consumes, by name."""
         return {
-            name: [(b, r.arrow()) for b, r in self.read_stream(name)] for name in sorted(self.engine.catalog.retained)
+            name: [(ts, r.arrow()) for ts, r in self.read_stream(name)] for name in sorted(self.engine.catalog.retained)
         }
 
     # ------------------------------------------------------------------ internals

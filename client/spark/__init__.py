@@ -9,7 +9,7 @@
 
 Options: target (HOST:PORT, default STREAMTX_TARGET or 127.0.0.1:7411), stream,
 chunk_rows (rows per Stage call), batch_size / producer_id / first_batch_id
-(batch sink), on_rejected (log | fail), starting_batch (source), timeout (s),
+(batch sink), on_rejected (log | fail), starting_ts (source), timeout (s),
 token and tls_ca / tls_cert / tls_key (PEM paths, read on the driver; defaults
 STREAMTX_TOKEN, STREAMTX_TLS_CA, ...).
 """

@@ -22,7 +22,7 @@ KNOWN = {
     "producer_id",
     "first_batch_id",
     "on_rejected",
-    "starting_batch",
+    "starting_ts",
     "timeout",
     "checkpointlocation",
     "path",
@@ -43,7 +43,7 @@ class Options:
     producer_id: str = ""
     first_batch_id: int = 1
     on_rejected: str = "log"
-    starting_batch: int = 0
+    starting_ts: int = 0
     timeout_s: float = 60.0
     checkpoint: str = ""
     token: str | None = field(default=None, repr=False)
@@ -74,7 +74,7 @@ class Options:
             producer_id=opts.get("producer_id", ""),
             first_batch_id=_int(opts, "first_batch_id", 1, 1),
             on_rejected=on_rejected,
-            starting_batch=_int(opts, "starting_batch", 0, 0),
+            starting_ts=_int(opts, "starting_ts", 0, 0),
             timeout_s=float(opts.get("timeout", 60.0)),
             checkpoint=opts.get("checkpointlocation", ""),
             token=opts.get("token") or os.environ.get("STREAMTX_TOKEN") or None,

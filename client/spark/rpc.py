@@ -123,15 +123,15 @@ class Conn:
         request = pb.AbortStagedRequest(stream=stream, staging_id=staging_id)
         return self.call(self.stub.AbortStaged, request, f"abort of {stream!r} ({staging_id})").parts
 
-    def read(self, stream: str, from_batch: int, to_batch: int) -> Iterator[tuple[int, pa.Table]]:
-        """Every batch of `stream` with an id in [from_batch, to_batch), in order."""
-        nxt = from_batch
-        while to_batch <= 0 or nxt < to_batch:
-            request = pb.ReadStreamRequest(stream=stream, from_batch=nxt, to_batch=to_batch, max_batches=64)
+    def read(self, stream: str, from_ts: int, to_ts: int) -> Iterator[tuple[int, pa.Table]]:
+        """Every batch of `stream` with a timestamp in [from_ts, to_ts), in order, as (ts, rows)."""
+        nxt = from_ts
+        while to_ts <= 0 or nxt < to_ts:
+            request = pb.ReadStreamRequest(stream=stream, from_ts=nxt, to_ts=to_ts, max_batches=64)
             reply = self.call(self.stub.ReadStream, request, f"read of {stream!r}")
             for b in reply.batches:
-                yield b.batch_id, ipc_to_table(b.data.arrow_ipc, f"read of {stream!r}")
-                nxt = b.batch_id + 1
+                yield b.ts, ipc_to_table(b.data.arrow_ipc, f"read of {stream!r}")
+                nxt = b.ts + 1
             if not reply.more:
                 return
 

@@ -19,11 +19,11 @@ from pyspark.sql.types import StructType
 from streamtx.client.spark.options import Options, read_schema
 from streamtx.errors import FailedPrecondition
 
-BATCH_ID_COLUMN = "batch_id"
+TS_COLUMN = "__ts"  # the timestamp of the batch a row came in, as the server's stream views name it
 
 
 def source_schema(opts: Options) -> StructType:
-    """The stream's columns plus `batch_id` (checked on the driver: the stream exists and is readable)."""
+    """The stream's columns plus `__ts` (checked on the driver: the stream exists and is readable)."""
     with opts.conn(retry_for_s=min(opts.timeout_s, 10.0)) as conn:
         desc = conn.describe(opts.stream)
     if not desc.readable:
@@ -32,12 +32,10 @@ def source_schema(opts: Options) -> StructType:
             "collected); read a stream no procedure consumes"
         )
     schema = read_schema(desc.arrow_schema)
-    if BATCH_ID_COLUMN in schema.names:
-        raise FailedPrecondition(f"streamtx: stream {opts.stream!r} has its own column {BATCH_ID_COLUMN!r}")
-    return from_arrow_schema(schema.append(pa.field(BATCH_ID_COLUMN, pa.int64())))
+    return from_arrow_schema(schema.append(pa.field(TS_COLUMN, pa.int64())))
 
 
-class BatchRange(InputPartition):
+class TsRange(InputPartition):
     def __init__(self, start: int, end: int) -> None:
         super().__init__((start, end))
         self.start = start
@@ -50,7 +48,7 @@ class StreamSourceReader(DataSourceStreamReader):
         self.schema = schema
 
     def initialOffset(self) -> dict:  # noqa: N802 - Spark's names
-        return {"next": self.opts.starting_batch}
+        return {"next": self.opts.starting_ts}
 
     def latestOffset(self, start: dict, limit: object) -> dict:  # noqa: N802
         with self.opts.conn(timeout_s=self.opts.timeout_s) as conn:
@@ -58,16 +56,16 @@ class StreamSourceReader(DataSourceStreamReader):
         return {"next": max(int(start["next"]), complete + 1)}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [BatchRange(int(start["next"]), int(end["next"]))]
+        return [TsRange(int(start["next"]), int(end["next"]))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, BatchRange)
+        assert isinstance(partition, TsRange)
         names = [f.name for f in self.schema.fields]
         with self.opts.conn(timeout_s=self.opts.timeout_s) as conn:
-            for batch_id, table in conn.read(self.opts.stream, partition.start, partition.end):
+            for ts, table in conn.read(self.opts.stream, partition.start, partition.end):
                 if table.num_rows == 0:
                     continue
-                table = table.append_column(BATCH_ID_COLUMN, pa.array([batch_id] * table.num_rows, pa.int64()))
+                table = table.append_column(TS_COLUMN, pa.array([ts] * table.num_rows, pa.int64()))
                 yield from table.select(names).to_batches()
 
     def commit(self, end: dict) -> None:

@@ -108,8 +108,6 @@ def derive_schemas(
                 {"t": stream.name, "c": stream.partition_by},
             ).fetchall()[0][0]
             _check_key_type(f"stream {stream.name!r}", stream.partition_by, key_type)
-        if "batch_id" in names:
-            raise InvalidArgument(f"deploy: stream {stream.name!r}: column name 'batch_id' is reserved")
     return Schemas(stream_schemas, stream_types, table_columns, table_key_types)
 
 

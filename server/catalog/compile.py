@@ -2,9 +2,10 @@
 
 Users write against logical names: inside a procedure `ON STREAM s`, `s` is the
 atomic batch being processed; `INSERT INTO t` on a stream `t` emits tuples on
-it. Partitions store streams physically (schema `streams`, with a `batch_id`
-column). Compilation rewrites each statement once, at deploy time, so that no
-statement is parsed or rewritten on the hot path:
+it. Partitions store streams physically (schema `streams`, with a `__ts`
+column: the timestamp of the TE that emitted the tuple). Compilation rewrites
+each statement once, at deploy time, so that no statement is parsed or
+rewritten on the hot path:
 
 - a read of the input stream `s` reads `__batch__s`, the Arrow relation the
   engine binds for the TE (server/partition/relations.py);
@@ -34,6 +35,8 @@ from streamtx.server import sqltree
 TS_PARAM = "ts"  # `$ts`: the global timestamp of the running TE (its batch's, or its call's)
 TS_PARAMS = frozenset({TS_PARAM, "batch_id"})  # `$batch_id`: the older name of `$ts`, still accepted
 STREAM_SCHEMA = "streams"
+TS_COLUMN = "__ts"  # a stored tuple's timestamp, in `streams.*`, `windows.*` and the stream views
+SYSTEM_COLUMNS = (TS_COLUMN, "__seq", "__staged")  # no stream may name a column so (windows.py adds the other two)
 WINDOW_SCHEMA = "windows"
 SYSTEM_SCHEMA = "streamtx"
 
@@ -221,7 +224,7 @@ def _compile_emit(
             copies = tuple(copied[given.index(c)] for c in columns)
         return Compiled(sql, params, stream, False, source, copies)
     sql = (
-        f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, batch_id) "
+        f"{prefix}INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}, {TS_COLUMN}) "
         f"SELECT {aliased}, ${TS_PARAM} FROM ({query.sql('duckdb')}) AS __q({aliased})"
     )
     return Compiled(sql, tuple(sorted(set(params) | {TS_PARAM})), stream, False, source)

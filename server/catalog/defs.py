@@ -13,6 +13,7 @@ from typing import Any, Self
 
 from streamtx.errors import InvalidArgument
 from streamtx.server.catalog import ddl
+from streamtx.server.catalog.compile import SYSTEM_COLUMNS
 
 KINDS = ("table", "stream", "window", "procedure", "trigger", "index", "view", "group")
 RELATION_KINDS = ("table", "stream", "window", "index", "view")
@@ -189,6 +190,12 @@ def from_statement(st: ddl.Statement) -> tuple[str, Definition, bool, bool]:
         return "table", TableDef(st.name, st.sql, st.partition_by, st.replicated), False, st.if_not_exists
     if isinstance(st, ddl.CreateStream):
         cols = [(c.name, c.type) for c in st.columns]
+        taken = [c for c, _ in cols if c.lower() in SYSTEM_COLUMNS]
+        if taken:
+            raise InvalidArgument(
+                f"deploy: stream {st.name!r}: column name {taken[0]!r} is reserved "
+                f"(system columns: {', '.join(SYSTEM_COLUMNS)})"
+            )
         return "stream", StreamDef(st.name, cols, st.partition_by), False, st.if_not_exists
     if isinstance(st, ddl.CreateWindow):
         return (

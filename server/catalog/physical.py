@@ -18,7 +18,7 @@ from sqlglot import exp
 from streamtx.errors import InvalidArgument
 from streamtx.server import sqltree
 from streamtx.server.catalog import views
-from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, quote
 from streamtx.server.catalog.defs import Definition, IndexDef, StreamDef, TableDef, ViewDef, WindowDef
 
 PHYSICAL_KINDS = ("index", "view", "window", "stream", "table")
@@ -145,11 +145,11 @@ def _create_object(rel: Relations, kind: str, name: str) -> list[PhysicalStateme
         return [
             PhysicalStatement(
                 what,
-                f"CREATE TABLE {STREAM_SCHEMA}.{quote(name)} ({cols}, batch_id BIGINT NOT NULL)",
+                f"CREATE TABLE {STREAM_SCHEMA}.{quote(name)} ({cols}, {TS_COLUMN} BIGINT NOT NULL)",
             ),
             PhysicalStatement(
                 what,
-                f"CREATE VIEW {quote(name)} AS SELECT {names}, batch_id FROM {STREAM_SCHEMA}.{quote(name)}",
+                f"CREATE VIEW {quote(name)} AS SELECT {names}, {TS_COLUMN} FROM {STREAM_SCHEMA}.{quote(name)}",
             ),
         ]
     if kind == "window":
@@ -162,7 +162,7 @@ def _create_object(rel: Relations, kind: str, name: str) -> list[PhysicalStateme
         return [
             PhysicalStatement(
                 what,
-                f"CREATE TABLE {WINDOW_SCHEMA}.{quote(name)} ({cols}, batch_id BIGINT NOT NULL, "
+                f"CREATE TABLE {WINDOW_SCHEMA}.{quote(name)} ({cols}, {TS_COLUMN} BIGINT NOT NULL, "
                 "__seq BIGINT NOT NULL, __staged BOOLEAN NOT NULL)",
             ),
             PhysicalStatement(

@@ -418,11 +418,11 @@ class Front:
                 "are garbage collected once consumed. Subscribe to a stream no procedure consumes"
             )
 
-    async def read_stream(self, stream: str, from_batch: int, max_batches: int = 64) -> list[tuple[int, pa.Table]]:
-        command = pr.ReadStream(stream, from_batch, max_batches)
+    async def read_stream(self, stream: str, from_ts: int, max_batches: int = 64) -> list[tuple[int, pa.Table]]:
+        command = pr.ReadStream(stream, from_ts, max_batches)
         if len(self.partitions) == 1:
             reply, tables = await self.ask(HOME, command)
-            return list(zip(reply.batch_ids, tables, strict=True))
+            return list(zip(reply.ts, tables, strict=True))
         return scatter.merge_stream_reads(await self.ask_all(command), max_batches)
 
     def stream_event(self, stream: str) -> asyncio.Event:

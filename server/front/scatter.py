@@ -107,18 +107,18 @@ def _partitioned_relations(pl: Placement, sql: str) -> list[tuple[str, str]]:
 
 
 def merge_stream_reads(replies: list[Reply], max_batches: int) -> list[tuple[int, pa.Table]]:
-    """Batches of a stored stream from every partition, merged by batch id, without gaps.
+    """Batches of a stored stream from every partition, merged by timestamp, without gaps.
 
     A partition that returned `max_batches` batches may hold more beyond its
     last one, so the merge stops there: a later read resumes after it.
     """
-    by_id: dict[int, list[pa.Table]] = {}
+    by_ts: dict[int, list[pa.Table]] = {}
     cut = None
     for batches, tables in replies:
-        ids = batches.batch_ids
-        for b, t in zip(ids, tables, strict=True):
-            by_id.setdefault(b, []).append(t)
-        if len(ids) >= max_batches:
-            cut = ids[-1] if cut is None else min(cut, ids[-1])
-    keep = sorted(b for b in by_id if cut is None or b <= cut)[:max_batches]
-    return [(b, pa.concat_tables(by_id[b])) for b in keep]
+        stamps = batches.ts
+        for ts, t in zip(stamps, tables, strict=True):
+            by_ts.setdefault(ts, []).append(t)
+        if len(stamps) >= max_batches:
+            cut = stamps[-1] if cut is None else min(cut, stamps[-1])
+    keep = sorted(ts for ts in by_ts if cut is None or ts <= cut)[:max_batches]
+    return [(ts, pa.concat_tables(by_ts[ts])) for ts in keep]

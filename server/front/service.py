@@ -297,14 +297,14 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         try:
             front.check_subscribe(request.stream)
-            next_batch = max(request.from_batch, 0)
+            next_ts = max(request.from_ts, 0)
             while True:
                 event = front.stream_event(request.stream)
-                batches = await front.read_stream(request.stream, next_batch)
-                for batch_id, table in batches:
+                batches = await front.read_stream(request.stream, next_ts)
+                for ts, table in batches:
                     data = encode_rowdata(table, request.format != pb.ROWS)
-                    yield pb.StreamBatch(stream=request.stream, batch_id=batch_id, data=data)
-                    next_batch = batch_id + 1
+                    yield pb.StreamBatch(stream=request.stream, ts=ts, data=data)
+                    next_ts = ts + 1
                 if not batches:
                     try:
                         await asyncio.wait_for(event.wait(), timeout=1.0)
@@ -368,12 +368,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         front.check_subscribe(request.stream)
         limit = min(request.max_batches or 64, READ_MAX_BATCHES)
-        batches = await front.read_stream(request.stream, max(request.from_batch, 0), limit)
-        kept = [(b, t) for b, t in batches if request.to_batch <= 0 or b < request.to_batch]
+        batches = await front.read_stream(request.stream, max(request.from_ts, 0), limit)
+        kept = [(ts, t) for ts, t in batches if request.to_ts <= 0 or ts < request.to_ts]
         return pb.ReadStreamResponse(
             batches=[
-                pb.StreamBatch(stream=request.stream, batch_id=b, data=encode_rowdata(t, request.format != pb.ROWS))
-                for b, t in kept
+                pb.StreamBatch(stream=request.stream, ts=ts, data=encode_rowdata(t, request.format != pb.ROWS))
+                for ts, t in kept
             ],
             more=len(batches) == limit and len(kept) == len(batches),
         )

@@ -11,15 +11,18 @@ partition map and the last timestamp, which travel in the checkpoint's meta.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
 from streamtx.recovery.checkpoint import list_checkpoints
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, quote
 from streamtx.server.catalog.physical import create_statements
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) 
     meta = ckpt.meta
     catalog = Catalog.from_json(meta["catalog"], engine.loader.resolve)
     engine.install(catalog, [s.sql for s in create_statements(catalog.relations())], meta["map"])
-    restore_into(engine.con, ckpt, replace=True)
+    restore_into(engine.con, dataclasses.replace(ckpt, tables=_current_columns(ckpt.tables)), replace=True)
     engine.trimmed_through = {k: int(v) for k, v in meta["trimmed_through"].items()}
     engine.windows.load()
     engine.load_marks()
@@ -53,10 +56,25 @@ def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) 
     engine.retained = {}
     for stream in engine.catalog.retained:
         ids = engine.con.execute(
-            f"SELECT DISTINCT batch_id FROM {STREAM_SCHEMA}.{quote(stream)} ORDER BY batch_id"
+            f"SELECT DISTINCT {TS_COLUMN} FROM {STREAM_SCHEMA}.{quote(stream)} ORDER BY {TS_COLUMN}"
         ).fetchall()
         if ids:
             engine.retained[stream] = collections.deque(b for (b,) in ids)
+
+
+def _current_columns(tables: dict[tuple[str, str], pa.Table]) -> dict[tuple[str, str], pa.Table]:
+    """Stored tuples' timestamps under their current column name.
+
+    Checkpoints written before the column was named `__ts` call it
+    `batch_id`, a name no stream could then give a column of its own.
+    """
+    out = {}
+    for (schema, name), table in tables.items():
+        names = table.column_names
+        if schema in (STREAM_SCHEMA, WINDOW_SCHEMA) and "batch_id" in names and TS_COLUMN not in names:
+            table = table.rename_columns([TS_COLUMN if n == "batch_id" else n for n in names])
+        out[schema, name] = table
+    return out
 
 
 def checkpoint_ts(path: Path) -> int:

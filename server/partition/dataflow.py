@@ -787,8 +787,8 @@ class Dataflow:
         return (proc.name, fn) if isinstance(fn, StateProcedure) else None
 
     def _keep(self, keep: dict[str, list[int]]) -> None:
-        for stream, batch_ids in keep.items():
-            self.engine.retain(stream, batch_ids)
+        for stream, stamps in keep.items():
+            self.engine.retain(stream, stamps)
 
     def _duplicate(self, producer: str, stream: str, batch_id: int, within: int = 0) -> Outcome | None:
         """DUPLICATE with the original outcome if the batch was taken: committed, or `within` the open interval."""

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from streamtx.errors import Aborted, FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange
 from streamtx.procedure import Event
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, Compiled, quote
 from streamtx.server.catalog.placement import REPLICATED, owner_filter
 from streamtx.server.config import ServerConfig
 from streamtx.server.deadline import query_deadline
@@ -297,15 +297,15 @@ class Engine:
         return Outcome("duplicate", self.state.taken_ts(producer, stream, batch_id) or 0, original="committed")
 
     # ------------------------------------------------------------ stream storage
-    def retain(self, stream: str, batch_ids: list[int]) -> None:
+    def retain(self, stream: str, ts: list[int]) -> None:
         """Keeps new batches of a stream nothing consumes, for subscribers: the latest `stream_retention`.
 
-        Called once per stream after each commit, with every batch it stored;
+        Called once per stream after each commit, with the timestamp of every batch it stored;
         the trim is written with the state (`StateStore.trim`), so it costs
         one statement per write, not per batch.
         """
         kept = self.retained.setdefault(stream, collections.deque())
-        kept.extend(batch_ids)
+        kept.extend(ts)
         if len(kept) <= self.stream_retention:
             return
         cut = 0
@@ -314,7 +314,8 @@ class Engine:
         self.state.trim(stream, cut)
         self.trimmed_through[stream] = cut
 
-    def read_stream(self, stream: str, from_batch: int, max_batches: int) -> list[tuple[int, pa.Table]]:
+    def read_stream(self, stream: str, from_ts: int, max_batches: int) -> list[tuple[int, pa.Table]]:
+        """A retained stream's batches from timestamp `from_ts` on, each as (ts, its tuples)."""
         if stream not in self.catalog.streams:
             raise NotFound(f"unknown stream {stream!r}")
         if self.catalog.consumers.get(stream):
@@ -324,30 +325,26 @@ class Engine:
                 "once consumed. Subscribe to a stream that no procedure consumes"
             )
         trimmed = self.trimmed_through.get(stream, 0)
-        if 0 < from_batch <= trimmed:
+        if 0 < from_ts <= trimmed:
             raise OutOfRange(
-                f"stream {stream!r}: batches up to {trimmed} were trimmed (retention "
+                f"stream {stream!r}: batches up to timestamp {trimmed} were trimmed (retention "
                 f"{self.stream_retention} batches); resume from {trimmed + 1} or later"
             )
         kept = self.retained.get(stream)
         if not kept:
             return []
-        ids = [b for b in kept if b >= from_batch][:max_batches]
-        if not ids:
+        stamps = [ts for ts in kept if ts >= from_ts][:max_batches]
+        if not stamps:
             return []
         cols = ", ".join(quote(c) for c in self.catalog.stream_schemas[stream].names)
         table = self.con.execute(
-            f"SELECT {cols}, batch_id FROM {STREAM_SCHEMA}.{quote(stream)} "
-            "WHERE batch_id BETWEEN $lo AND $hi ORDER BY batch_id",
-            {"lo": ids[0], "hi": ids[-1]},
+            f"SELECT {cols}, {TS_COLUMN} FROM {STREAM_SCHEMA}.{quote(stream)} "
+            f"WHERE {TS_COLUMN} BETWEEN $lo AND $hi ORDER BY {TS_COLUMN}",
+            {"lo": stamps[0], "hi": stamps[-1]},
         ).to_arrow_table()
-        out = []
-        batch_col = table.column("batch_id")
-        data = table.drop_columns(["batch_id"])
-        for b in ids:
-            mask = pc.equal(batch_col, b)
-            out.append((b, data.filter(mask)))
-        return out
+        ts_col = table.column(TS_COLUMN)
+        data = table.drop_columns([TS_COLUMN])
+        return [(ts, data.filter(pc.equal(ts_col, ts))) for ts in stamps]
 
     # ----------------------------------------------------------------- queries
     def query(self, sql: str, params: dict[str, Any]) -> pa.Table:

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from streamtx.errors import Aborted, Internal, InvalidArgument
 from streamtx.procedure import Event, Row
-from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, TS_COLUMN, quote
 from streamtx.server.ipc import split_runs
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
@@ -707,7 +707,7 @@ class StateStore:
             cols = ", ".join(quote(c) for c in data.column_names)
             con.execute(f"INSERT INTO {STREAM_SCHEMA}.{quote(stream)} ({cols}) SELECT {cols} FROM {name}")
         for stream, cut in pending.trims.items():
-            con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE batch_id <= $b", {"b": cut})
+            con.execute(f"DELETE FROM {STREAM_SCHEMA}.{quote(stream)} WHERE {TS_COLUMN} <= $b", {"b": cut})
         for (producer, stream), (batch_id, ts) in pending.marks.items():
             params = {"p": producer, "s": stream, "b": batch_id, "ts": ts}
             updated = con.execute(
@@ -864,24 +864,24 @@ class StateStore:
         self._begun = None
 
     def _stored(self, stream: str, parts: list[tuple[int, pa.Table | list[Values]]]) -> pa.Table:
-        """A retained stream's buffered tuples, in order, with their batch ids: consecutive rows build at once."""
+        """A retained stream's buffered tuples, in order, with their timestamps: consecutive rows build at once."""
         tables: list[pa.Table] = []
         values: list[Values] = []
-        batch_ids: list[int] = []
-        for batch_id, part in parts:
+        stamps: list[int] = []
+        for ts, part in parts:
             if isinstance(part, pa.Table):
                 if values:
-                    tables.append(self._stored_rows(stream, values, batch_ids))
-                    values, batch_ids = [], []
-                tables.append(part.append_column("batch_id", pa.array([batch_id] * part.num_rows, pa.int64())))
+                    tables.append(self._stored_rows(stream, values, stamps))
+                    values, stamps = [], []
+                tables.append(part.append_column(TS_COLUMN, pa.array([ts] * part.num_rows, pa.int64())))
             else:
                 values += part
-                batch_ids += [batch_id] * len(part)
+                stamps += [ts] * len(part)
         if values:
-            tables.append(self._stored_rows(stream, values, batch_ids))
+            tables.append(self._stored_rows(stream, values, stamps))
         return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
-    def _stored_rows(self, stream: str, values: list[Values], batch_ids: list[int]) -> pa.Table:
+    def _stored_rows(self, stream: str, values: list[Values], stamps: list[int]) -> pa.Table:
         shape = self.shape(stream)
         assert shape is not None  # row values are buffered only for a stream with a shape
-        return shape.stored(values, batch_ids)
+        return shape.stored(values, stamps)

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from streamtx.procedure import Row
-from streamtx.server.catalog.compile import SYSTEM_SCHEMA, WINDOW_SCHEMA, Compiled, batch_relation, quote
+from streamtx.server.catalog.compile import SYSTEM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, Compiled, batch_relation, quote
 from streamtx.server.partition.ports import Parts
 from streamtx.server.tuples import Batch, arrow
 
@@ -164,7 +164,7 @@ class Windows:
             held = self.rows.setdefault(window, {})
             seq = st.next_seq
             for row in tx.rows_of(batch):
-                held[seq] = {**row, "batch_id": tx.ts}
+                held[seq] = {**row, TS_COLUMN: tx.ts}
                 seq += 1
             st.next_seq = seq
             slides = (st.next_seq - st.visible_end) // w.slide
@@ -183,7 +183,7 @@ class Windows:
             if batch.num_rows == 0:
                 return
         tx.execute(
-            f"INSERT INTO {table} ({cols}, batch_id, __seq, __staged) SELECT {cols}, $b, "
+            f"INSERT INTO {table} ({cols}, {TS_COLUMN}, __seq, __staged) SELECT {cols}, $b, "
             f"$seq0 + row_number() OVER () - 1, true FROM {source}",
             {"b": tx.ts, "seq0": st.next_seq},
         )

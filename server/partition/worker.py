@@ -429,7 +429,7 @@ class Worker:
         return pr.Gathered([k for k, _ in c.reads]), [self.engine.query(sql, {}) for _, sql in c.reads]
 
     def _read_stream(self, c: pr.ReadStream, _: list[pa.Table]) -> tuple[pr.StreamBatches, list[pa.Table]]:
-        batches = self.engine.read_stream(c.stream, c.from_batch, c.max_batches)
+        batches = self.engine.read_stream(c.stream, c.from_ts, c.max_batches)
         return pr.StreamBatches([b for b, _ in batches]), [t for _, t in batches]
 
     def _install(self, c: pr.Install, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:

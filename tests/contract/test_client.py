@@ -223,13 +223,13 @@ def test_sync_client_surface(client: Client) -> None:
     assert res.fetchall() == [(100, 6)]
 
     got = []
-    for batch_id, batch in client.subscribe("raw"):
-        got.append((batch_id, batch.to_pylist()))
+    for ts, batch in client.subscribe("raw"):
+        got.append((ts, batch.to_pylist()))
         if len(got) == 5:
             break
     assert [r for _, r in got] == [[{"k": i, "v": i * 10}] for i in range(5)]
     assert [b for b, _ in got] == [r.timestamp for r in results]  # stream batch id = timestamp
-    later = list(_take(client.subscribe("raw", from_batch=got[2][0]), 3))
+    later = list(_take(client.subscribe("raw", from_ts=got[2][0]), 3))
     assert [b for b, _ in later] == [b for b, _ in got[2:]]
 
     status = client.status()

@@ -301,7 +301,7 @@ def test_push_to_a_procedure_output_stream_is_failed_precondition(stub):
         batch = next(sub)
     finally:
         sub.cancel()
-    assert batch.batch_id == first.timestamp
+    assert batch.ts == first.timestamp
     assert pa.ipc.open_stream(batch.data.arrow_ipc).read_all().to_pydict() == {"a": [70]}
 
 
@@ -728,6 +728,7 @@ DEPLOY_ERRORS = {
         ["{p}p", "{p}nosuch"],
     ),
     "window-on-unknown-stream": ("CREATE WINDOW {p}w ON {p}nosuch ROWS 4 SLIDE 2;", ["{p}w", "{p}nosuch"]),
+    "system-column-on-a-stream": ("CREATE STREAM {p}s (a BIGINT, __TS BIGINT);", ["{p}s", "'__ts' is reserved"]),
     "cycle": (
         "CREATE STREAM {p}s1 (a BIGINT);\nCREATE STREAM {p}s2 (a BIGINT);\n"
         "CREATE PROCEDURE {p}p1 ON STREAM {p}s1 AS BEGIN INSERT INTO {p}s2 SELECT a FROM {p}s1; END;\n"

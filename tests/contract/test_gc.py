@@ -1,6 +1,6 @@
 """Garbage collection: consumed stream batches, retention of unconsumed streams, window expiry.
 
-Stored stream tuples live in `streams.<s>` (column batch_id), window tuples in
+Stored stream tuples live in `streams.<s>` (column __ts), window tuples in
 `windows.<w>`; Query reads both. Real servers in subprocesses.
 """
 
@@ -41,7 +41,7 @@ def count(client, table: str) -> int:
 
 
 def batches_in(client, table: str) -> list[int]:
-    return [b for (b,) in client.query(f"SELECT DISTINCT batch_id FROM {table} ORDER BY 1").fetchall()]
+    return [b for (b,) in client.query(f"SELECT DISTINCT __ts FROM {table} ORDER BY 1").fetchall()]
 
 
 def stream_and_window_tables(client) -> list[str]:
@@ -97,11 +97,11 @@ def test_unconsumed_streams_are_bounded_and_trimmed_oldest_first(retention_serve
         assert count(c, "streams.s") == 0
         # a subscriber asking for trimmed batches is told so; the kept ones are delivered
         with pytest.raises(OutOfRange):
-            next(iter(c.subscribe("out", from_batch=out_ids[0])))
+            next(iter(c.subscribe("out", from_ts=out_ids[0])))
         got = []
-        for batch_id, rows in c.subscribe("out", from_batch=out_ids[-5]):
-            got.append((batch_id, rows.fetchall()))
-            if batch_id == out_ids[-1]:
+        for ts, rows in c.subscribe("out", from_ts=out_ids[-5]):
+            got.append((ts, rows.fetchall()))
+            if ts == out_ids[-1]:
                 break
         assert got == [(b, [(i,)]) for i, b in zip(range(36, 41), out_ids[-5:], strict=True)]
 

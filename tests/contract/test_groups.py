@@ -118,7 +118,7 @@ def test_group_abort_undoes_every_member_and_the_window(shared_client):
     assert "p2 refuses -4" in bad.reason and "transaction group g" in bad.reason
     assert xy(shared_client) == (6, 6, 2, 2)
     # p1's emission on x_out and p2's window were undone with the group
-    assert shared_client.query("SELECT batch_id, x FROM x_out ORDER BY batch_id, x").fetchall() == [
+    assert shared_client.query("SELECT __ts, x FROM x_out ORDER BY __ts, x").fetchall() == [
         (a.timestamp, 1),
         (a.timestamp, 2),
         (c.timestamp, 3),
@@ -127,9 +127,9 @@ def test_group_abort_undoes_every_member_and_the_window(shared_client):
         (a.timestamp, [1, 2]),
         (c.timestamp, [1, 2, 3]),
     ]
-    assert shared_client.query(
-        "SELECT count(*) FROM windows.w WHERE batch_id = $b", {"b": bad.timestamp}
-    ).fetchall() == [(0,)]
+    assert shared_client.query("SELECT count(*) FROM windows.w WHERE __ts = $b", {"b": bad.timestamp}).fetchall() == [
+        (0,)
+    ]
     for s in ("s1", "s2"):
         assert shared_client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
 
@@ -142,9 +142,9 @@ def test_subscribers_do_not_see_a_batch_of_an_undone_group(shared_client):
     c = shared_client.push("s1", {"x": [2]}).result()
     assert bad.outcome == "rejected"
     got = []
-    for batch_id, rows in shared_client.subscribe("x_out", from_batch=0):
-        got.append((batch_id, rows.fetchall()))
-        if batch_id >= c.timestamp:
+    for ts, rows in shared_client.subscribe("x_out", from_ts=0):
+        got.append((ts, rows.fetchall()))
+        if ts >= c.timestamp:
             break
     assert got == [(a.timestamp, [(1,)]), (c.timestamp, [(2,)])]
 

@@ -299,8 +299,8 @@ def test_first_batch_must_be_one(short):
 class Subscription:
     """Collects a Subscribe call's batches on a thread."""
 
-    def __init__(self, stub, stream: str, from_batch: int) -> None:
-        self.call = stub.Subscribe(pb.SubscribeRequest(stream=stream, from_batch=from_batch), timeout=60)
+    def __init__(self, stub, stream: str, from_ts: int) -> None:
+        self.call = stub.Subscribe(pb.SubscribeRequest(stream=stream, from_ts=from_ts), timeout=60)
         self.items: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -309,7 +309,7 @@ class Subscription:
         try:
             for batch in self.call:
                 table = pa.ipc.open_stream(batch.data.arrow_ipc).read_all()
-                self.items.put((batch.stream, batch.batch_id, table.to_pydict()))
+                self.items.put((batch.stream, batch.ts, table.to_pydict()))
         except grpc.RpcError as e:
             self.items.put(e)
 

@@ -180,11 +180,11 @@ def test_describe_and_read_stream(stub, app):
     assert d.complete_through >= 3
     assert (d.border, d.readable) == (False, True)
     assert pa.ipc.read_schema(pa.py_buffer(d.arrow_schema)).names == ["id", "k"]
-    got = stub.ReadStream(pb.ReadStreamRequest(stream=f"{p}_out", to_batch=d.complete_through + 1), timeout=20)
-    ids = [b.batch_id for b in got.batches]
+    got = stub.ReadStream(pb.ReadStreamRequest(stream=f"{p}_out", to_ts=d.complete_through + 1), timeout=20)
+    ids = [b.ts for b in got.batches]
     assert len(ids) == 3 and ids == sorted(ids) and not got.more
-    first = stub.ReadStream(pb.ReadStreamRequest(stream=f"{p}_out", from_batch=ids[1], to_batch=ids[2]), timeout=20)
-    assert [b.batch_id for b in first.batches] == [ids[1]]
+    first = stub.ReadStream(pb.ReadStreamRequest(stream=f"{p}_out", from_ts=ids[1], to_ts=ids[2]), timeout=20)
+    assert [b.ts for b in first.batches] == [ids[1]]
     code, msg = status_code(lambda: stub.DescribeStream(pb.DescribeStreamRequest(stream="nope"), timeout=20))
     assert code == SC.NOT_FOUND and "unknown stream 'nope'" in msg
     code, _ = status_code(lambda: stub.ReadStream(pb.ReadStreamRequest(stream=f"{p}_in"), timeout=20))

@@ -8,6 +8,9 @@ TEs ran, across batches. The tests of a partition count share a real server
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+
 import pytest
 from conftest import PARTITION_COUNTS
 
@@ -72,12 +75,12 @@ def test_chain_every_batch_flows_through_in_order(shared_client):
             expected.append((proc, b, len(expected), len(xs)))
     assert log(shared_client) == expected  # batch order, and p1 < p2 < p3 within each batch
     # output tuples keep the batch id of the input batch
-    got = shared_client.query("SELECT batch_id, x FROM s4 ORDER BY batch_id, x").fetchall()
+    got = shared_client.query("SELECT __ts, x FROM s4 ORDER BY __ts, x").fetchall()
     assert got == sorted((b, 2 * (x + 1) - 3) for b, xs in zip(stamps, batches, strict=True) for x in xs)
     subscribed = []
-    for batch_id, rows in shared_client.subscribe("s4", from_batch=0):
-        subscribed.append((batch_id, sorted(x for (x,) in rows.fetchall())))
-        if batch_id == stamps[-1]:
+    for ts, rows in shared_client.subscribe("s4", from_ts=0):
+        subscribed.append((ts, sorted(x for (x,) in rows.fetchall())))
+        if ts == stamps[-1]:
             break
     assert subscribed == [(b, sorted(2 * (x + 1) - 3 for x in xs)) for b, xs in zip(stamps, batches, strict=True)]
     # interior streams hold nothing once consumed; the border batch was never stored
@@ -137,7 +140,7 @@ def test_diamond_runs_each_te_once_per_batch_in_topological_order(shared_client)
     # the TEs of one batch all ran before any TE of the next
     batch_of_row = [b for _, b, _, _ in rows]
     assert batch_of_row == sorted(batch_of_row)
-    assert shared_client.query("SELECT batch_id, n, vias FROM s5 ORDER BY batch_id").fetchall() == [
+    assert shared_client.query("SELECT __ts, n, vias FROM s5 ORDER BY __ts").fetchall() == [
         (a.timestamp, 2 * len(xs), 2) for a, xs in zip(acks, batches, strict=True)
     ]
     for s in ("s1", "s2", "s4"):
@@ -248,7 +251,7 @@ def test_ee_triggers_run_inside_the_te_and_are_undone_with_it(shared_client):
     assert shared_client.query("SELECT b FROM done ORDER BY b").fetchall() == [(ok.timestamp,), (after.timestamp,)]
     for s in ("s2", "s3"):
         assert shared_client.query(
-            f"SELECT count(*) FROM streams.{s} WHERE batch_id = $b", {"b": bad.timestamp}
+            f"SELECT count(*) FROM streams.{s} WHERE __ts = $b", {"b": bad.timestamp}
         ).fetchall() == [(0,)]
 
 
@@ -299,7 +302,7 @@ CREATE TRIGGER on_s3 ON STREAM s3 AS BEGIN INSERT INTO p2_effects SELECT $ts; EN
         (first.timestamp,),
         (nxt.timestamp,),
     ]
-    assert shared_client.query("SELECT DISTINCT batch_id FROM s4 ORDER BY 1").fetchall() == [
+    assert shared_client.query("SELECT DISTINCT __ts FROM s4 ORDER BY 1").fetchall() == [
         (first.timestamp,),
         (nxt.timestamp,),
     ]
@@ -321,7 +324,7 @@ def test_aborting_sibling_does_not_affect_the_other_branch(shared_client):
     acks = [shared_client.push("s1", {"x": [x]}).result() for x in (6, 7, 8)]
     assert [a.outcome for a in acks] == ["committed"] * 3
     assert "p3 says no" in acks[1].reason and acks[0].reason == acks[2].reason == ""
-    got = shared_client.query("SELECT batch_id, n, vias FROM s5 ORDER BY batch_id").fetchall()
+    got = shared_client.query("SELECT __ts, n, vias FROM s5 ORDER BY __ts").fetchall()
     assert got == [(acks[0].timestamp, 2, 2), (acks[1].timestamp, 1, 1), (acks[2].timestamp, 2, 2)]
     for s in ("s2", "s4"):
         assert shared_client.query(f"SELECT count(*) FROM streams.{s}").fetchall() == [(0,)], s
@@ -379,3 +382,21 @@ def test_ts_and_its_older_name_batch_id_are_the_running_timestamp(shared_client)
     for name in ("ts", "batch_id"):
         with pytest.raises(InvalidArgument, match=rf"parameter name \${name} is reserved"):
             shared_client.deploy(f"CREATE PROCEDURE p_{name} ({name} BIGINT) AS BEGIN SELECT 1; END;")
+
+
+def test_a_streams_own_batch_id_column_is_data_and_its_tuples_timestamp_is_the_system_column_ts(shared_client):
+    """`batch_id` names the producer's batch; the stored tuple's timestamp is the system column `__ts`."""
+    shared_client.deploy(
+        "CREATE STREAM own_in (batch_id BIGINT, v BIGINT); CREATE STREAM own_out (batch_id BIGINT, v BIGINT);"
+        "CREATE PROCEDURE own_copy ON STREAM own_in AS BEGIN "
+        "INSERT INTO own_out SELECT batch_id, v * 2 FROM own_in; END;"
+    )
+    acks = [shared_client.push("own_in", {"batch_id": [100 + i], "v": [i]}).result() for i in range(3)]
+    assert [a.batch_id for a in acks] == [1, 2, 3] and len({a.timestamp for a in acks}) == 3
+    stamps = [a.timestamp for a in acks]
+    assert shared_client.query("SELECT batch_id, v, __ts FROM own_out ORDER BY __ts").fetchall() == [
+        (100 + i, 2 * i, ts) for i, ts in enumerate(stamps)
+    ]
+    with contextlib.closing(shared_client.subscribe("own_out", from_ts=stamps[1])) as sub:
+        got = [(ts, rows.fetchall()) for ts, rows in itertools.islice(sub, 2)]
+    assert got == [(stamps[1], [(101, 2)]), (stamps[2], [(102, 4)])]

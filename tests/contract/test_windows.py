@@ -150,7 +150,7 @@ def test_rows_window_stages_until_a_slide_then_slides_and_expires(shared_client)
     assert stored(shared_client) == ([5, 6, 7, 8], [9])
     assert shared_client.query("SELECT count(*) FROM windows.w WHERE x < 5").fetchall() == [(0,)]
     # the window tuples keep the batch id of the batch that brought them
-    seqs = shared_client.query("SELECT x, batch_id, __seq FROM windows.w ORDER BY __seq").fetchall()
+    seqs = shared_client.query("SELECT x, __ts, __seq FROM windows.w ORDER BY __seq").fetchall()
     assert [s for _, _, s in seqs] == [4, 5, 6, 7, 8]
     by_x = dict(shared_client.query("SELECT x, b FROM seen").fetchall())
     assert all(b == by_x[x] for x, b, _ in seqs)
@@ -414,9 +414,9 @@ def test_aborted_batch_leaves_no_trace_in_the_window(shared_client):
     assert bad.outcome == "rejected" and "negative x" in bad.reason
     assert wlog(shared_client) == []
     assert stored(shared_client) == ([], [1])
-    assert shared_client.query(
-        "SELECT count(*) FROM windows.w WHERE batch_id = $b", {"b": bad.timestamp}
-    ).fetchall() == [(0,)]
+    assert shared_client.query("SELECT count(*) FROM windows.w WHERE __ts = $b", {"b": bad.timestamp}).fetchall() == [
+        (0,)
+    ]
     # later slides are as if the batch never came
     c = push(shared_client, {"x": [5]})
     d = push(shared_client, {"x": [6, 7]})

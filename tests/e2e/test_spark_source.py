@@ -44,7 +44,7 @@ def push_batches(c: Client, stream: str, first: int, count: int) -> list[tuple[i
 
 
 def read_parquet(spark, path) -> list[tuple[int, int]]:
-    return sorted((r.id, r.batch_id) for r in spark.read.parquet(str(path)).collect())
+    return sorted((r.id, r["__ts"]) for r in spark.read.parquet(str(path)).collect())
 
 
 def start(spark, target: str, stream: str, out, ckpt):

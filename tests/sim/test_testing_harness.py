@@ -127,7 +127,7 @@ def test_the_harness_answers_what_a_server_answers_on_the_counters(tmp_path, exe
     assert outcomes[-2:] == [("duplicate", "committed", None), ("rejected", None, "NOT_FOUND")]
     assert {r["key"]: r["n"] for r in tables["counters"].to_pylist()} == model(batches)
     stored = want_stored["counter_results"].to_pylist()
-    assert sorted(read) == sorted((r["batch_id"], (r["event_id"], r["ok"])) for r in stored)
+    assert sorted(read) == sorted((r["__ts"], (r["event_id"], r["ok"])) for r in stored)
 
 
 VOTER = VoterConfig(contestants=4, max_votes=2, delete_every=8, window=5, slide=2)
@@ -152,7 +152,7 @@ def voter_state(app: Client | Harness) -> dict[str, list]:
     queries = {
         **QUERIES,
         "rejected": "SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id",
-        "deletions": "SELECT contestant_number, removed_votes, batch_id FROM deletions ORDER BY batch_id",
+        "deletions": "SELECT contestant_number, removed_votes, __ts FROM deletions ORDER BY __ts",
         "created": "SELECT vote_id, created FROM votes ORDER BY vote_id",
     }
     return {name: app.query(sql).fetchall() for name, sql in queries.items()}

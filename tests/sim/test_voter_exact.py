@@ -147,7 +147,7 @@ def run(target: str, config: VoterConfig, variant: str, votes: list[tuple[int, i
         for name, sql in VARIANTS[variant].items():
             assert c.query(sql).fetchall() == expected[name], name
         rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
-        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY batch_id").fetchall()
+        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY __ts").fetchall()
     assert rejected == sorted(oracle.rejected)
     assert deletions == oracle.deletions
     return oracle

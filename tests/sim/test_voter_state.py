@@ -63,7 +63,7 @@ def run_and_compare(target: str, config: VoterConfig, batches: list[pa.Table]) -
         for name, sql in QUERIES.items():
             assert c.query(sql).fetchall() == expected[name], name
         rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
-        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY batch_id").fetchall()
+        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY __ts").fetchall()
     assert rejected == sorted(ref.rejected)
     assert deletions == ref.deletions
     return ref

@@ -208,24 +208,24 @@ class QueryResponse(_message.Message):
     def __init__(self, result: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("stream", "from_batch", "format")
+    __slots__ = ("stream", "from_ts", "format")
     STREAM_FIELD_NUMBER: _ClassVar[int]
-    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FROM_TS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    from_batch: int
+    from_ts: int
     format: RowFormat
-    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., from_ts: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class StreamBatch(_message.Message):
-    __slots__ = ("stream", "batch_id", "data")
+    __slots__ = ("stream", "ts", "data")
     STREAM_FIELD_NUMBER: _ClassVar[int]
-    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    TS_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    batch_id: int
+    ts: int
     data: RowData
-    def __init__(self, stream: _Optional[str] = ..., batch_id: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., ts: _Optional[int] = ..., data: _Optional[_Union[RowData, _Mapping]] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ()
@@ -400,18 +400,18 @@ class DescribeStreamResponse(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., arrow_schema: _Optional[bytes] = ..., border: _Optional[bool] = ..., readable: _Optional[bool] = ..., complete_through: _Optional[int] = ...) -> None: ...
 
 class ReadStreamRequest(_message.Message):
-    __slots__ = ("stream", "from_batch", "to_batch", "max_batches", "format")
+    __slots__ = ("stream", "from_ts", "to_ts", "max_batches", "format")
     STREAM_FIELD_NUMBER: _ClassVar[int]
-    FROM_BATCH_FIELD_NUMBER: _ClassVar[int]
-    TO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    FROM_TS_FIELD_NUMBER: _ClassVar[int]
+    TO_TS_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCHES_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     stream: str
-    from_batch: int
-    to_batch: int
+    from_ts: int
+    to_ts: int
     max_batches: int
     format: RowFormat
-    def __init__(self, stream: _Optional[str] = ..., from_batch: _Optional[int] = ..., to_batch: _Optional[int] = ..., max_batches: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
+    def __init__(self, stream: _Optional[str] = ..., from_ts: _Optional[int] = ..., to_ts: _Optional[int] = ..., max_batches: _Optional[int] = ..., format: _Optional[_Union[RowFormat, str]] = ...) -> None: ...
 
 class ReadStreamResponse(_message.Message):
     __slots__ = ("batches", "more")

@@ -146,7 +146,7 @@ class StreamTxServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Subscribe(self, request, context):
-        """The committed batches of a stream, in batch-id order, from a batch id on.
+        """The committed batches of a stream, in timestamp order, from a timestamp on.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,7 +176,7 @@ class StreamTxServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadStream(self, request, context):
-        """The committed batches of a stream with ids in [from_batch, to_batch).
+        """The committed batches of a stream with timestamps in [from_ts, to_ts).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
