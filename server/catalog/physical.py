@@ -104,6 +104,25 @@ def diff(old: Relations, new: Relations, dropped: set[tuple[str, str]] = frozens
     return out
 
 
+def current_ddl(statements: list[str]) -> list[str]:
+    """`statements` (a logged deploy's DDL) with stored tuples' timestamp column named as it is now.
+
+    Command logs of format 0 and 1 name it `batch_id`, unquoted, in the
+    CREATE TABLE of `streams.*` and `windows.*` and in each stream's view. A
+    stream could not then have a column of that name, and user columns are
+    always quoted, so only those generated names match.
+    """
+    tables = (f"CREATE TABLE {STREAM_SCHEMA}.", f"CREATE TABLE {WINDOW_SCHEMA}.")
+    out = []
+    for sql in statements:
+        if sql.startswith(tables):
+            sql = sql.replace(", batch_id BIGINT NOT NULL", f", {TS_COLUMN} BIGINT NOT NULL", 1)
+        elif sql.startswith("CREATE VIEW "):
+            sql = sql.replace(f", batch_id FROM {STREAM_SCHEMA}.", f", {TS_COLUMN} FROM {STREAM_SCHEMA}.", 1)
+        out.append(sql)
+    return out
+
+
 @functools.lru_cache(maxsize=1024)
 def referenced_tables(table_sql: str) -> frozenset[str]:
     """Tables a CREATE TABLE's FOREIGN KEYs point at (catalog spelling: unquoted names lower-cased)."""

@@ -66,14 +66,16 @@ class Pushed(Protocol):
     batch: pa.Table
 
 
-COMMAND_FORMAT = 1
+COMMAND_FORMAT = 2
 """The form of the records' payloads (their JSON headers and relations), written in every log segment.
 
 A release that changes it bumps it and lists in `READABLE` the formats it
 still replays; recovery refuses any other, naming the segment. 0 is a log
-from before the format was written down, identical to 1.
+from before the format was written down, identical to 1. In 0 and 1 the DDL
+of an INSTALL names stored tuples' timestamp column `batch_id`; replay reads
+it as `__ts` (catalog/physical.py `current_ddl`).
 """
-READABLE = (0, 1)
+READABLE = (0, 1, 2)
 
 
 class Journal:

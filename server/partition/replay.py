@@ -22,6 +22,7 @@ from streamtx.recovery.records import RecordKind as K
 from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.physical import current_ddl
 from streamtx.server.ipc import split_grouped
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -128,7 +129,7 @@ def _replay(
     eng = flow.engine
     eng.state.sync()  # as before any command but a push (Worker.handle)
     if kind == K.INSTALL:
-        eng.install(Catalog.from_json(head["catalog"], eng.loader.resolve), head["ddl"], head["map"])
+        eng.install(Catalog.from_json(head["catalog"], eng.loader.resolve), current_ddl(head["ddl"]), head["map"])
     elif kind == K.CALL:
         try:
             flow.run_call(head["procedure"], head["params"], ts)

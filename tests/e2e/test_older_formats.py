@@ -1,9 +1,10 @@
-"""A server restores checkpoints written before the stored timestamp column was named `__ts`.
+"""A server recovers from checkpoints and command logs written before the stored timestamp column was `__ts`.
 
 Until then stored stream and window tuples kept their timestamp in a column
-`batch_id`. The test writes such a checkpoint from a real one (same tables,
-meta, timestamp and log position; the column renamed back) and restarts a
-server on it.
+`batch_id`, and command logs (format 1) record deploys with DDL naming it so.
+Each test turns what a real server wrote into the older form (the same
+records, tables and meta; the column named as before) and restarts a server
+on it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shutil
 import duckdb
 
 from streamtx.client import Client
-from streamtx.recovery import load_checkpoint
+from streamtx.recovery import CommandLog, LogReader, RecordKind, decode_command, encode_command, load_checkpoint
 from streamtx.recovery.checkpoint import latest_checkpoint, write_checkpoint
 from streamtx.server.embedded import EmbeddedServer
 
@@ -66,3 +67,40 @@ def test_a_checkpoint_from_before_ts_restores_the_streams_and_windows(tmp_path):
             if ts == more.timestamp:
                 break
     assert got == [(acks[4].timestamp, [(5, 140)]), (acks[5].timestamp, [(6, 180)]), (more.timestamp, [(7, 220)])]
+
+
+def rewrite_as_format_1(log_dir) -> int:
+    """Writes the log at `log_dir` again in payload format 1, its deploys' `__ts` named `batch_id`; returns how many."""
+    records = list(LogReader(log_dir).records())
+    older = log_dir.parent / "log-format-1"
+    log = CommandLog(older, payload_format=1)
+    installs = 0
+    for r in records:
+        payload = r.payload
+        if r.kind == RecordKind.INSTALL:
+            head, tables = decode_command(payload)
+            ddl = [s.replace(", __ts BIGINT NOT NULL", ", batch_id BIGINT NOT NULL") for s in head["ddl"]]
+            ddl = [s.replace(", __ts FROM streams.", ", batch_id FROM streams.") for s in ddl]
+            if ddl != head["ddl"]:
+                payload = encode_command({**head, "ddl": ddl}, tables)
+                installs += 1
+        log.append(r.kind, payload, r.ts)
+    log.close()
+    shutil.rmtree(log_dir)
+    older.rename(log_dir)
+    return installs
+
+
+def test_a_format_1_command_log_replays_its_deploys_with_the_current_column(tmp_path):
+    data = tmp_path / "data"
+    with EmbeddedServer(data) as srv, Client(srv.target) as c:
+        c.deploy(SCRIPT)
+        acks = [c.push("ins", {"k": [i], "v": [10 * i]}).result() for i in range(1, 6)]
+        before = c.query("SELECT k, total, __ts FROM outs ORDER BY __ts").fetchall()
+    assert [ts for *_, ts in before] == [a.timestamp for a in acks]
+    assert rewrite_as_format_1(data / "partition-0" / "log") == 1
+
+    with EmbeddedServer(data) as srv, Client(srv.target) as c:
+        assert c.query("SELECT k, total, __ts FROM outs ORDER BY __ts").fetchall() == before
+        more = c.push("ins", {"k": [6], "v": [60]}).result()
+        assert c.query("SELECT k, total, __ts FROM outs ORDER BY __ts").fetchall()[-1] == (6, 180, more.timestamp)
