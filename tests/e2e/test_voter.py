@@ -56,7 +56,7 @@ def assert_matches(target: str, ref: VoterReference, streams: bool = True) -> No
         if not streams:
             return
         rejected = c.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
-        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY batch_id").fetchall()
+        deletions = c.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY __ts").fetchall()
     assert rejected == sorted(ref.rejected)
     assert deletions == ref.deletions
 
