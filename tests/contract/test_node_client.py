@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 from conftest import drop_all
-from test_lifecycle import wait_dead
-from test_partitions import keys_on
+from support.partitions import keys_on
+from support.processes import wait_dead
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer

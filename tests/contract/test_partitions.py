@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.partitions import ACCOUNTS, deposits, keys_on, owners
 
 from streamtx.client import Client
 from streamtx.errors import InvalidArgument
@@ -22,35 +23,6 @@ from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.partitioning import SMALL, PartitionMap, key_hashes
 
 pytestmark = pytest.mark.timeout(300)
-
-ACCOUNTS = """
-CREATE TABLE fees (kind VARCHAR PRIMARY KEY, fee BIGINT NOT NULL) REPLICATED;
-CREATE TABLE balances (account BIGINT PRIMARY KEY, balance BIGINT NOT NULL CHECK (balance >= 0))
-    PARTITION BY (account);
-CREATE TABLE audit (account BIGINT, amount BIGINT, b BIGINT);
-CREATE STREAM deposits (account BIGINT, amount BIGINT) PARTITION BY (account);
-CREATE STREAM applied (account BIGINT, amount BIGINT);
-CREATE PROCEDURE set_fee (kind VARCHAR, fee BIGINT) AS BEGIN
-    INSERT OR REPLACE INTO fees VALUES ($kind, $fee);
-END;
-CREATE PROCEDURE deposit ON STREAM deposits AS BEGIN
-    INSERT INTO balances
-        SELECT account, sum(amount) - (SELECT fee FROM fees WHERE kind = 'deposit') * count(*)
-        FROM deposits GROUP BY account
-        ON CONFLICT DO UPDATE SET balance = balances.balance + excluded.balance;
-    INSERT INTO applied SELECT account, amount FROM deposits;
-END;
-CREATE PROCEDURE record ON STREAM applied AS BEGIN
-    INSERT INTO audit SELECT account, amount, $batch_id FROM applied;
-END;
-CREATE PROCEDURE open_account (account BIGINT) PARTITION ON account AS BEGIN
-    INSERT INTO balances VALUES ($account, 0);
-END;
-"""
-
-
-def owners(partitions: int, keys: list[int]) -> list[int]:
-    return PartitionMap.round_robin(partitions, 1024).owners(pa.array(keys, pa.int64())).tolist()
 
 
 KEY_TYPES = {
@@ -82,26 +54,9 @@ def test_a_few_keys_hash_in_python_as_the_vectorised_hash_does(data, kind, parti
     assert pmap.partitions_of(pa.concat_tables([nested] * (SMALL + 1)), ["k", "j"]) == want
 
 
-def keys_on(partitions: int, partition: int, n: int, start: int = 1) -> list[int]:
-    """`n` account numbers owned by `partition`."""
-    out, k = [], start
-    while len(out) < n:
-        if owners(partitions, [k])[0] == partition:
-            out.append(k)
-        k += 1
-    return out
-
-
 def table_rows(client: Client, table: str, partitions: int) -> list[int]:
     counters = client.status()["counters"]
     return [int(counters.get(f"partition{p}.rows.{table}", 0)) for p in range(partitions)]
-
-
-def deposits(rows: list[tuple[int, int]]) -> pa.Table:
-    return pa.table({"account": [a for a, _ in rows], "amount": [m for _, m in rows]}, schema=DEPOSIT_SCHEMA)
-
-
-DEPOSIT_SCHEMA = pa.schema([("account", pa.int64()), ("amount", pa.int64())])
 
 
 @pytest.fixture(scope="module", params=[2, 4], ids=["P2", "P4"])

@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 import pytest
-from test_push_packed import expand
+from support.acks import expand
 
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.v1 import streamtx_pb2 as pb

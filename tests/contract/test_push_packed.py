@@ -23,6 +23,7 @@ from collections.abc import Iterator
 import grpc
 import pyarrow as pa
 import pytest
+from support.acks import expand
 
 from streamtx import wire
 from streamtx.client import AsyncClient
@@ -84,15 +85,6 @@ def packed(stream: str, first: int, batches: list[list[int]], producer: str = "p
         data=pb.RowData(arrow_ipc=table_to_ipc(table)),
         batch_rows=[len(ks) for ks in batches],
     )
-
-
-def expand(acks: list[pb.PushAck]) -> list[tuple[int, int, int, int]]:
-    """Per batch: (batch id, outcome, original, timestamp)."""
-    out = []
-    for a in acks:
-        for i in range(max(a.count, 1)):
-            out.append((a.batch_id + i, a.outcome, a.original, a.timestamp + i if a.timestamp else 0))
-    return out
 
 
 def rows(stub, table: str) -> list[tuple[int, int]]:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import grpc
 import pyarrow as pa
 import pytest
-from test_spark_helpers import unique
+from support.spark import unique
 
 from streamtx.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
 from streamtx.server.embedded import EmbeddedServer

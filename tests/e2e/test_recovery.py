@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.partitions import ACCOUNTS_ON, HITS
 
 from streamtx.client import Client
 from streamtx.errors import Unauthenticated
@@ -309,8 +310,6 @@ def test_a_batch_lost_on_one_partition_while_its_successor_survived_on_another_i
     Neither was acknowledged (acks leave in batch order), so the producer re-sends both:
     k must be taken (it is not a duplicate), k + 1 answered DUPLICATE.
     """
-    from test_supervision import ACCOUNTS_ON, HITS
-
     a0, a1 = ACCOUNTS_ON[0][0], ACCOUNTS_ON[1][0]
 
     def batch(account: int) -> pa.Table:

@@ -11,7 +11,7 @@ import io
 import json
 
 import pytest
-from test_spark_helpers import make_spark
+from support.spark import make_spark
 
 from streamtx.client import Client
 from streamtx.procedures.voter.reference import SERVER_QUERIES, VoterReference

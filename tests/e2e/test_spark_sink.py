@@ -20,14 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_spark_helpers import (
-    DropAckProxy,
-    counting_app,
-    expected_totals,
-    make_spark,
-    unique,
-    write_json_files,
-)
+from support.spark import DropAckProxy, counting_app, expected_totals, make_spark, unique, write_json_files
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from test_spark_helpers import make_spark, unique
+from support.spark import make_spark, unique
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer

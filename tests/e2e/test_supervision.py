@@ -20,25 +20,14 @@ import time
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from test_lifecycle import Launched, workers_of
-from test_partitions import ACCOUNTS, deposits, keys_on
+from support.partitions import ACCOUNTS, ACCOUNTS_ON, HITS, deposits
+from support.processes import Launched, workers_of
 
 from streamtx.client import Client
 from streamtx.errors import DataLoss
 from streamtx.server.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(300)
-
-ACCOUNTS_ON = {0: keys_on(2, 0, 4), 1: keys_on(2, 1, 4)}
-HITS = """
-CREATE STREAM hits (account BIGINT, n BIGINT) PARTITION BY (account);
-CREATE TABLE hit_counts (account BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (account);
-CREATE PROCEDURE hit ON STREAM hits AS BEGIN
-    INSERT INTO hit_counts SELECT account, sum(n) FROM hits GROUP BY account
-        ON CONFLICT DO UPDATE SET n = hit_counts.n + excluded.n;
-END;
-"""
-"""Batches that stay on one partition: many are in flight to a worker when it is killed."""
 
 
 CHECKPOINTS = ["--checkpoint-every", "0.5"]

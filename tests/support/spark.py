@@ -1,4 +1,4 @@
-"""Shared by the Spark connector tests (no tests here): a local[2] session, apps, a fault-injecting proxy."""
+"""Shared by the Spark connector tests: a local[2] session, apps, a fault-injecting proxy."""
 
 from __future__ import annotations
 
