@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="A transactional stream-processing server (S-Store dataflows, "
         "TStream operation chains, exactly-once) and its command-line client.",
     )
-    parser.add_argument("--version", action="version", version=f"streamtx {_version()}")
+    parser.add_argument("--version", action=_Version)
     parser.add_argument(
         "--target",
         metavar="HOST:PORT",
@@ -274,10 +274,17 @@ def _forwarded_split(argv: Sequence[str]) -> int | None:
     return None
 
 
-def _version() -> str:
-    from streamtx import __version__
+class _Version(argparse.Action):
+    """`--version`: reads the package's metadata only when asked, not on every start of the server."""
 
-    return __version__
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **_: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from streamtx import __version__
+
+        print(f"streamtx {__version__}")
+        parser.exit()
 
 
 def _console(stderr: bool = False) -> Console:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import importlib.metadata
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable
@@ -18,6 +17,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
+import streamtx
 from streamtx.errors import (
     FAULTS,
     FailedPrecondition,
@@ -41,13 +41,6 @@ OUTCOMES = {
     "rejected": pb.REJECTED,
     "": pb.OUTCOME_UNSPECIFIED,
 }
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("streamtx")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def rpc() -> Callable:
@@ -319,7 +312,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         st = await front.status()
         cat = front.catalog
         return pb.StatusResponse(
-            version=version(),
+            version=streamtx.__version__,
             executor=front.config.executor,
             partitions=[pb.PartitionStatus(**p) for p in st["partitions"]],
             tables=cat.names("table"),

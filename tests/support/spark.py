@@ -30,7 +30,7 @@ def make_spark(tmp: Path):
     from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
-    # Spark's Python workers cannot import this test module: ship its classes by value
+    # Spark's Python workers cannot import this module (tests/ is not on their path): ship its classes by value
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     from streamtx.client.spark import register

@@ -145,6 +145,13 @@ def test_lazy_package_exports() -> None:
     assert streamtx.connect is connect
 
 
+def test_version_flag_prints_the_package_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"streamtx {streamtx.__version__}\n"
+
+
 def test_cli_value_parsing() -> None:
     assert cli.parse_value("3") == 3 and isinstance(cli.parse_value("3"), int)
     assert cli.parse_value("2.5") == 2.5
