@@ -787,6 +787,8 @@ class _Planner:
                 if pos is not None:
                     src = f"_o[{pos}]"
                 else:
+                    if self.pushed:  # E pairs with O by position, and a moved-in filter left rows out of O
+                        raise Unsupported("ORDER BY on a column the subquery does not output, under a moved filter")
                     c = env.compile(target)
                     src = None
                     keys.append((c, o))

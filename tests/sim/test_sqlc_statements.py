@@ -277,3 +277,20 @@ def test_a_kept_top_k_is_re_ranked_only_where_rows_changed() -> None:
         h.push_many([("ins", rows) for rows in batches])
         counters = h.engine.counters
         assert counters["ranked_kept"] >= 2 and counters["ranked_built"] >= 1, dict(counters)
+
+
+def test_a_subquerys_order_by_a_column_it_does_not_output_survives_a_filter_moved_into_it() -> None:
+    """The emitted tuples keep the subquery's order (a window or FOR EACH ROW consumer sees it), as in DuckDB.
+
+    Sorting pairs each output row with its source row by position, so a filter moved into the subquery
+    (`x < 150`, which drops kv's row 2 from the middle) must not drop output rows alone.
+    """
+    subquery = "SELECT k, v AS x, s AS label FROM kv ORDER BY -v"
+    body = [f"INSERT INTO outs SELECT k, x, label FROM ({subquery}) q WHERE x < 150"]
+    emitted = {}
+    for compiler in ("off", "on"):
+        with Harness(deploy(body), sql_compiler=compiler) as h:
+            h.call("fill")
+            h.push("ins", [{"k": 5, "v": 1, "s": "a", "flag": True}])
+            emitted[compiler] = [t.to_pylist() for _, t in h.outputs()["outs"]]
+    assert emitted["on"] == emitted["off"] == [[{"k": 1, "x": 100, "label": "one"}, {"k": 9, "x": -5, "label": "nine"}]]
