@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
+import json
 import os
 import sys
 import time
@@ -174,6 +176,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="send typed protobuf rows instead of Arrow IPC",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
+    p = sub.add_parser(
+        "subscribe",
+        help="follow a stream no procedure consumes: its batches as JSON lines",
+        description="Prints the committed batches of STREAM in timestamp order, one JSON object per line, "
+        '{"ts": T, "rows": [{column: value, ...}, ...]} (T: the timestamp of the command that emitted them), '
+        "and follows the stream live until --batches were printed or Ctrl-C. Resume after the last T "
+        "printed with --from-ts T+1.",
+    )
+    p.add_argument("stream", metavar="STREAM", help="a stream no procedure consumes")
+    p.add_argument(
+        "--from-ts", type=int, default=0, help="first timestamp to print (default 0: the oldest the server keeps)"
+    )
+    p.add_argument(
+        "--batches", "-n", type=int, default=0, help="stop after this many batches (default 0: follow until Ctrl-C)"
+    )
 
     sub.add_parser(
         "status",
@@ -433,6 +451,22 @@ def _cmd_call(args: argparse.Namespace) -> int:
     for i, result in enumerate(results):
         title = f"result {i + 1}" if len(results) > 1 else None
         console.print(result_table(result, title=title, max_rows=args.max_rows))
+    return EXIT_OK
+
+
+def _cmd_subscribe(args: argparse.Namespace) -> int:
+    from streamtx.client import Client
+
+    printed = 0
+    with (
+        Client(args.target, **_client_kwargs(args)) as c,
+        contextlib.closing(c.subscribe(args.stream, from_ts=args.from_ts)) as batches,
+    ):
+        for ts, rows in batches:  # values JSON has no type for (dates, decimals, ...) print as text
+            print(json.dumps({"ts": ts, "rows": rows.to_pylist()}, default=str), flush=True)
+            printed += 1
+            if printed == args.batches:
+                break
     return EXIT_OK
 
 
@@ -838,6 +872,7 @@ _COMMANDS = {
     "sql": _cmd_sql,
     "call": _cmd_call,
     "explain": _cmd_explain,
+    "subscribe": _cmd_subscribe,
     "push": _cmd_push,
     "status": _cmd_status,
     "checkpoint": _cmd_checkpoint,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -373,6 +374,24 @@ def test_cli_against_server(server: EmbeddedServer, tmp_path: Path, capsys: pyte
     assert cli.main([*t, "status"]) == 0
     out = capsys.readouterr().out
     assert "events" in out and "totals" in out and "partitions" in out and "counters" in out
+
+    raw = tmp_path / "raw.jsonl"
+    raw.write_text("".join(f'{{"k": {i}, "v": {10 * i}}}\n' for i in range(5)))
+    assert cli.main([*t, "push", "raw", "-f", str(raw), "--batch-size", "2", "-q"]) == 0
+    capsys.readouterr()
+    assert cli.main([*t, "subscribe", "raw", "--batches", "3"]) == 0
+    batches = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [b["rows"] for b in batches] == [
+        [{"k": 0, "v": 0}, {"k": 1, "v": 10}],
+        [{"k": 2, "v": 20}, {"k": 3, "v": 30}],
+        [{"k": 4, "v": 40}],
+    ]
+    stamps = [b["ts"] for b in batches]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3
+    assert cli.main([*t, "subscribe", "raw", "--from-ts", str(stamps[1] + 1), "-n", "1"]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [batches[2]]
+    assert cli.main([*t, "subscribe", "events", "-n", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: FAILED_PRECONDITION: ")
 
     jsonl = tmp_path / "bad.jsonl"
     jsonl.write_text('{"k": 1, "v": 1}\n')
