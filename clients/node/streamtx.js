@@ -199,6 +199,35 @@ class Client {
   }
 
   /**
+   * The committed batches of a stream no procedure consumes, in timestamp order, following it live:
+   * yields `{ts, rows}` (`ts`: a BigInt, the timestamp of the command whose TEs emitted the rows).
+   * `fromTs` 0 starts at the oldest the server keeps; a broken connection (UNAVAILABLE) resumes
+   * after the last `ts` yielded, up to `retries` times in a row. Leaving the loop cancels the call.
+   * @param {string} stream @param {{fromTs?: bigint | number}} [options]
+   * @returns {AsyncGenerator<{ts: bigint, rows: Row[]}>}
+   */
+  async *subscribe(stream, options = {}) {
+    let next = BigInt(options.fromTs ?? 0);
+    for (let attempt = 0; ; attempt++) {
+      const call = this.stub.Subscribe({ stream, from_ts: next.toString(), format: 'ROWS' }, this.metadata());
+      try {
+        for await (const batch of call) {
+          attempt = 0;
+          const ts = BigInt(batch.ts);
+          next = ts + 1n;
+          yield { ts, rows: decodeRows(batch.data) };
+        }
+        return;
+      } catch (err) {
+        if (/** @type {any} */ (err).code !== grpc.status.UNAVAILABLE || attempt >= this.retries) throw toError(err);
+        await sleep(backoff(attempt));
+      } finally {
+        call.cancel();
+      }
+    }
+  }
+
+  /**
    * A producer of pipelined, exactly-once pushes (see Producer).
    * @param {ConstructorParameters<typeof Producer>[1]} [options] @returns {Producer}
    */

@@ -9,6 +9,8 @@ restarts it on the same data directory and port, and checks every batch was appl
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import random
@@ -350,3 +352,24 @@ def test_a_value_javascript_cannot_send_fails_the_push_naming_row_and_column(nod
     out = run(node, target, "push", "node-bad", "4", stdin='{"stream": "events", "rows": [{"k": {}}]}\n', ok=False)
     assert out[-1]["error"]["message"].startswith("row 0 column 'k': cannot send a Object")
     assert re.search(r"number, BigInt, string", out[-1]["error"]["message"])
+
+
+def test_subscribe_follows_a_stream_from_a_timestamp_as_the_python_client_does(node, target):
+    with Client(target) as c:
+        c.deploy("CREATE STREAM feed (k BIGINT, note VARCHAR);")
+        acks = [c.push("feed", {"k": [i, -i], "note": [f"n{i}", None]}).result() for i in range(1, 4)]
+        with contextlib.closing(c.subscribe("feed", from_ts=acks[1].timestamp)) as sub:
+            want = [(ts, rows.to_pylist()) for ts, rows in itertools.islice(sub, 2)]
+    assert [ts for ts, _ in want] == [acks[1].timestamp, acks[2].timestamp]
+    got = lines(
+        subprocess.run(
+            [node, str(DRIVER), target, "subscribe", "feed", str(acks[1].timestamp), "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        ).stdout
+    )
+    assert [(b["ts"], b["rows"]) for b in got] == want
+    err = run(node, target, "subscribe", "nope", "0", "1", ok=False)["error"]
+    assert err["codeName"] == "NOT_FOUND" and "nope" in err["message"]

@@ -7,6 +7,7 @@
  *   node driver.js TARGET query SQL [PARAMS]      (PARAMS: a JSON object)
  *   node driver.js TARGET call PROCEDURE [PARAMS]
  *   node driver.js TARGET push PRODUCER WINDOW [pack] < JSON lines {"stream", "rows", "batch_id"?}
+ *   node driver.js TARGET subscribe STREAM FROM_TS COUNT   (prints COUNT lines {"ts", "rows"}, then exits)
  *
  * `push` prints one line per batch as its ack arrives ({"i": line index, ...ack}), then
  * {"done": true, "calls": PushStream calls opened, "coalesced": acks that covered several batches}.
@@ -70,7 +71,13 @@ async function main() {
     else if (verb === 'query') print(await client.query(arg, JSON.parse(extra ?? '{}', reviver)));
     else if (verb === 'call') print(await client.call(arg, JSON.parse(extra ?? '{}', reviver)));
     else if (verb === 'push') await push(client, arg, Number(extra), flag === 'pack');
-    else throw new Error(`unknown verb ${verb}: deploy | query | call | push`);
+    else if (verb === 'subscribe') {
+      let left = Number(flag);
+      for await (const batch of client.subscribe(arg, { fromTs: BigInt(extra) })) {
+        print(batch);
+        if (--left === 0) break;
+      }
+    } else throw new Error(`unknown verb ${verb}: deploy | query | call | push | subscribe`);
   } catch (/** @type {any} */ err) {
     print({ error: { code: err.code, codeName: err.codeName, message: err.message } });
     process.exitCode = 2;
