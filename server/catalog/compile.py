@@ -36,7 +36,8 @@ TS_PARAM = "ts"  # `$ts`: the global timestamp of the running TE (its batch's, o
 TS_PARAMS = frozenset({TS_PARAM, "batch_id"})  # `$batch_id`: the older name of `$ts`, still accepted
 STREAM_SCHEMA = "streams"
 TS_COLUMN = "__ts"  # a stored tuple's timestamp, in `streams.*`, `windows.*` and the stream views
-SYSTEM_COLUMNS = (TS_COLUMN, "__seq", "__staged")  # no stream may name a column so (windows.py adds the other two)
+TS_COLUMN_BEFORE = "batch_id"  # its name in command logs of format 0 and 1 and in their checkpoints
+SYSTEM_COLUMNS = (TS_COLUMN, "__seq", "__staged")  # no stream may name a column so (window tables add the other two)
 WINDOW_SCHEMA = "windows"
 SYSTEM_SCHEMA = "streamtx"
 

@@ -18,7 +18,14 @@ from sqlglot import exp
 from streamtx.errors import InvalidArgument
 from streamtx.server import sqltree
 from streamtx.server.catalog import views
-from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, quote
+from streamtx.server.catalog.compile import (
+    STREAM_SCHEMA,
+    SYSTEM_SCHEMA,
+    TS_COLUMN,
+    TS_COLUMN_BEFORE,
+    WINDOW_SCHEMA,
+    quote,
+)
 from streamtx.server.catalog.defs import Definition, IndexDef, StreamDef, TableDef, ViewDef, WindowDef
 
 PHYSICAL_KINDS = ("index", "view", "window", "stream", "table")
@@ -116,9 +123,9 @@ def current_ddl(statements: list[str]) -> list[str]:
     out = []
     for sql in statements:
         if sql.startswith(tables):
-            sql = sql.replace(", batch_id BIGINT NOT NULL", f", {TS_COLUMN} BIGINT NOT NULL", 1)
+            sql = sql.replace(f", {TS_COLUMN_BEFORE} BIGINT NOT NULL", f", {TS_COLUMN} BIGINT NOT NULL", 1)
         elif sql.startswith("CREATE VIEW "):
-            sql = sql.replace(f", batch_id FROM {STREAM_SCHEMA}.", f", {TS_COLUMN} FROM {STREAM_SCHEMA}.", 1)
+            sql = sql.replace(f", {TS_COLUMN_BEFORE} FROM {STREAM_SCHEMA}.", f", {TS_COLUMN} FROM {STREAM_SCHEMA}.", 1)
         out.append(sql)
     return out
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
 from streamtx.recovery.checkpoint import list_checkpoints
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA, TS_COLUMN, WINDOW_SCHEMA, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, TS_COLUMN, TS_COLUMN_BEFORE, WINDOW_SCHEMA, quote
 from streamtx.server.catalog.physical import create_statements
 
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ def _current_columns(tables: dict[tuple[str, str], pa.Table]) -> dict[tuple[str,
     out = {}
     for (schema, name), table in tables.items():
         names = table.column_names
-        if schema in (STREAM_SCHEMA, WINDOW_SCHEMA) and "batch_id" in names and TS_COLUMN not in names:
-            table = table.rename_columns([TS_COLUMN if n == "batch_id" else n for n in names])
+        if schema in (STREAM_SCHEMA, WINDOW_SCHEMA) and TS_COLUMN_BEFORE in names and TS_COLUMN not in names:
+            table = table.rename_columns([TS_COLUMN if n == TS_COLUMN_BEFORE else n for n in names])
         out[schema, name] = table
     return out
 

@@ -229,7 +229,7 @@ def test_sync_client_surface(client: Client) -> None:
         if len(got) == 5:
             break
     assert [r for _, r in got] == [[{"k": i, "v": i * 10}] for i in range(5)]
-    assert [b for b, _ in got] == [r.timestamp for r in results]  # stream batch id = timestamp
+    assert [b for b, _ in got] == [r.timestamp for r in results]  # a stream batch is named by its timestamp
     later = list(_take(client.subscribe("raw", from_ts=got[2][0]), 3))
     assert [b for b, _ in later] == [b for b, _ in got[2:]]
 
