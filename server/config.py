@@ -30,6 +30,8 @@ LOG_FORMATS = ("text", "json")
 """`text`: `streamtx: ...` lines; `json`: one JSON object per line (server/log.py)."""
 DURABILITIES = ("strong", "weak", "off")
 """What the command log holds (server/partition/journal.py)."""
+MAP_FILE = "partition_map.json"
+"""The data directory's partition map: which partition owns each bin (server/partitioning.py)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,8 @@ class ServerConfig:
     partitions: int = setting(
         flag="--partitions",
         factory=lambda: os.cpu_count() or 1,
-        help="partition processes, each one thread with its own DuckDB",
+        help="partition processes, each one thread with its own DuckDB; left out: the data directory's own, if it "
+        "has partitions already",
         bound=AT_LEAST_ONE,
         shown=f"one per core, {os.cpu_count() or 1} here",
     )
@@ -213,7 +216,8 @@ class ServerConfig:
     bins: int = setting(
         1024,
         flag="--bins",
-        help="partitioning bins: bin = hash(key) mod BINS; at least --partitions",
+        help="partitioning bins: bin = hash(key) mod BINS; at least --partitions; left out: the data "
+        "directory's own, if it has partitions already",
         bound=AT_LEAST_ONE,
     )
     durability: str = setting(
@@ -302,6 +306,25 @@ class ServerConfig:
         """Where partition `index` keeps its command log and checkpoints."""
         return Path(self.data_dir) / f"partition-{index}"
 
+    def layout_mismatch(self) -> str | None:
+        """Why this config cannot serve its data directory's partitions; None when it can.
+
+        A data directory's rows are spread over the partitions it was created
+        with, by its bins: a server with another count would miss the rows of
+        the partitions it does not start and route new keys away from their
+        existing rows.
+        """
+        stored = stored_layout(Path(self.data_dir))
+        if stored is None or stored == (self.partitions, self.bins):
+            return None
+        partitions, bins = stored
+        given = f"--partitions {self.partitions}" if partitions != self.partitions else f"--bins {self.bins}"
+        return (
+            f"{given}: data directory {self.data_dir} holds {partitions} partition(s) over {bins} bins "
+            f"({MAP_FILE}); its rows are spread over them, so a server on it runs with the same: "
+            f"start it with --partitions {partitions} --bins {bins}, or leave both out"
+        )
+
     def to_json(self) -> str:
         """The config as a partition worker receives it (`from_json` gives it back, equal)."""
         return json.dumps({f.name: _plain(getattr(self, f.name)) for f in fields(self)})
@@ -357,11 +380,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def stored_layout(data_dir: Path) -> tuple[int, int] | None:
+    """(partitions, bins) of the partition map a server wrote in `data_dir`; None for a new directory."""
+    try:
+        data = json.loads((data_dir / MAP_FILE).read_text())
+    except FileNotFoundError:
+        return None
+    return max(data["owner"]) + 1, int(data["bins"])
+
+
 def from_args(args: argparse.Namespace) -> ServerConfig:
-    """The config of the flags `add_arguments` parsed, over `--config`'s file; a bad value is a ValueError naming it."""
+    """The config of the flags `add_arguments` parsed, over `--config`'s file; a bad value is a ValueError naming it.
+
+    `--partitions` and `--bins` left out follow the data directory when it
+    has partitions already (one per core and 1,024 for a new one).
+    """
     given = vars(args)
     settings = read_toml(given["config_file"]) if "config_file" in given else {}
     settings.update({f.name: given[f.name] for f in fields(ServerConfig) if f.name in given})
+    data_dir = Path(settings.get("data_dir", ServerConfig.__dataclass_fields__["data_dir"].default_factory()))
+    stored = stored_layout(data_dir)
+    if stored is not None:
+        settings.setdefault("partitions", stored[0])
+        settings.setdefault("bins", stored[1])
     return ServerConfig(**settings)
 
 

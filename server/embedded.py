@@ -26,7 +26,7 @@ class EmbeddedServer:
         self,
         data_dir: Path | None = None,
         *,
-        partitions: int = 1,
+        partitions: int | None = 1,
         executor: str | None = None,
         interval_size: int | None = None,
         token: str | None = None,

@@ -63,6 +63,10 @@ def spawn_worker(index: int, config: ServerConfig) -> Spawned:
 
 
 def launch(config: ServerConfig) -> Launch:
-    """Locks the data directory, then starts one worker per partition."""
+    """Locks the data directory, then starts one worker per partition (as many as it was created with)."""
     lock = lock_data_dir(Path(config.data_dir))
+    mismatch = config.layout_mismatch()
+    if mismatch is not None:
+        lock.close()
+        raise SystemExit(f"streamtx: {mismatch}")
     return Launch(lock, [spawn_worker(i, config) for i in range(config.partitions)])

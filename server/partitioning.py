@@ -23,8 +23,8 @@ import pyarrow.compute as pc
 
 from streamtx.errors import InvalidArgument
 from streamtx.files import atomic_write
+from streamtx.server.config import MAP_FILE
 
-MAP_FILE = "partition_map.json"
 INTEGER_LIKE_TYPES = ("INTEGER", "BIGINT", "SMALLINT", "TINYINT", "UINTEGER", "UBIGINT", "USMALLINT", "UTINYINT")
 KEY_TYPES = (*INTEGER_LIKE_TYPES, "VARCHAR", "DATE", "TIMESTAMP")
 """Column types a table or stream may be partitioned by (as DuckDB spells them)."""
@@ -205,16 +205,18 @@ class PartitionMap:
 
     @classmethod
     def load_or_create(cls, data_dir: Path, partitions: int, bins: int) -> PartitionMap:
-        """The map in the data directory if it fits this server, else a new one, saved.
+        """The map in the data directory, else a new one, saved.
 
-        A map for another partition count is replaced: partition state lives in
-        memory until durability arrives, so nothing is stranded by re-mapping.
+        A map for another partition count or bin count is never replaced: the
+        rows are placed by it (`ServerConfig.layout_mismatch` refuses such a
+        server before it starts).
         """
         path = data_dir / MAP_FILE
         if path.exists():
             found = cls.from_json(path.read_text())
-            if found.bins == bins and found.partitions == partitions:
-                return found
+            if (found.partitions, found.bins) != (partitions, bins):
+                raise ValueError(f"{path}: {found.partitions} partitions over {found.bins} bins, not {partitions}")
+            return found
         made = cls.round_robin(partitions, bins)
         atomic_write(path, made.to_json())
         return made

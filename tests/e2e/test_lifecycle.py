@@ -306,6 +306,39 @@ def test_second_server_on_the_same_data_dir_exits_naming_it(launch):
     assert status(first.stub).tables == ["life_t"]
 
 
+def test_a_data_dir_keeps_its_partitions_another_count_is_refused_and_none_given_follows_it(tmp_path):
+    data = tmp_path / "data"
+    keyed = (
+        "CREATE TABLE life_kt (k BIGINT PRIMARY KEY, v BIGINT) PARTITION BY k;\n"
+        "CREATE STREAM life_ks (k BIGINT, v BIGINT) PARTITION BY k;\n"
+        "CREATE PROCEDURE life_kp ON STREAM life_ks AS BEGIN INSERT INTO life_kt SELECT k, v FROM life_ks; END;"
+    )
+    with EmbeddedServer(data, partitions=2) as srv, grpc.insecure_channel(srv.target) as ch:
+        stub = pb_grpc.StreamTxStub(ch)
+        stub.Deploy(pb.DeployRequest(sql=keyed), timeout=TIMEOUT)
+        for k in range(20):
+            rows = pb.RowData(arrow_ipc=table_to_ipc(pa.table({"k": [k], "v": [k]})))
+            req = pb.PushRequest(stream="life_ks", producer_id="keys", batch_id=k + 1, data=rows)
+            assert stub.Push(req, timeout=TIMEOUT).outcome == pb.COMMITTED
+    logs = sorted((p.name, p.stat().st_size) for p in data.rglob("*") if p.is_file() and p.name != "LOCK")
+    for argv in (["--partitions", "1"], ["--partitions", "3"], ["--partitions", "2", "--bins", "64"]):
+        other = subprocess.run(
+            [sys.executable, "-m", "streamtx", "serve", "--port", "0", "--data-dir", str(data), *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert other.returncode != 0, argv
+        assert f"{' '.join(argv[-2:])}: data directory {data} holds 2 partition(s) over 1024 bins" in other.stderr
+        assert "Traceback" not in other.stderr, other.stderr
+    # refused before anything was touched
+    assert sorted((p.name, p.stat().st_size) for p in data.rglob("*") if p.is_file() and p.name != "LOCK") == logs
+    with EmbeddedServer(data, partitions=None) as srv, grpc.insecure_channel(srv.target) as ch:
+        stub = pb_grpc.StreamTxStub(ch)
+        assert len(status(stub).partitions) == 2
+        assert query(stub, "SELECT count(*) AS n, sum(v) AS s FROM life_kt") == {"n": [20], "s": [190]}
+
+
 # --------------------------------------------------------------------------- user code in the processes
 PANDAS_PROCS = """
 import pandas as pd

@@ -12,9 +12,10 @@ from typing import Any, get_type_hints
 import pytest
 
 from streamtx import cli
-from streamtx.server.config import ServerConfig, flags, from_args
+from streamtx.server.config import MAP_FILE, ServerConfig, flags, from_args
 from streamtx.server.launch import spawn_worker
 from streamtx.server.partition import worker
+from streamtx.server.partitioning import PartitionMap
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 SETTINGS = fields(ServerConfig)
@@ -71,7 +72,8 @@ def test_every_setting_has_its_flag_and_help_and_is_in_serve_help(tmp_path: Path
         assert re.search(rf"(^|\s|\[){re.escape(flag)}\b", text), f"{flag} is missing from serve --help"
 
 
-def test_no_flag_keeps_every_default_and_each_flag_sets_its_setting() -> None:
+def test_no_flag_keeps_every_default_and_each_flag_sets_its_setting(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the default data directory holds no partition map (see the test below)
     parser = cli.build_parser()
     assert from_args(parser.parse_args(["serve"])) == ServerConfig()
     for f in SETTINGS:
@@ -152,6 +154,23 @@ def test_the_readme_lists_every_setting_with_its_default() -> None:
         if f.default is not MISSING and plain is not None:  # a value, not prose such as "one per core"
             value = getattr(defaults, f.name)
             assert type(value)(plain.group(1)) == value, f"README: {f.metadata['flag']} defaults to {value}"
+
+
+def test_partitions_and_bins_left_out_follow_the_data_directory(tmp_path: Path) -> None:
+    parser = cli.build_parser()
+    data = tmp_path / "data"
+    assert from_args(parser.parse_args(["serve", "--data-dir", str(data)])).partitions == ServerConfig().partitions
+    data.mkdir()
+    (data / MAP_FILE).write_text(PartitionMap.round_robin(3, 16).to_json())
+    config = from_args(parser.parse_args(["serve", "--data-dir", str(data)]))
+    assert (config.partitions, config.bins, config.layout_mismatch()) == (3, 16, None)
+    config = from_args(parser.parse_args(["serve", "--data-dir", str(data), "--partitions", "2"]))
+    assert (config.partitions, config.bins) == (2, 16)
+    assert config.layout_mismatch() == (
+        f"--partitions 2: data directory {data} holds 3 partition(s) over 16 bins ({MAP_FILE}); its rows are "
+        "spread over them, so a server on it runs with the same: start it with --partitions 3 --bins 16, "
+        "or leave both out"
+    )
 
 
 # --------------------------------------------------------------- --config FILE.toml
