@@ -21,7 +21,7 @@ import itertools
 import random
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -346,6 +346,36 @@ class AsyncClient:
         """Admin: takes an online checkpoint of every partition now; returns where each was written."""
         resp = await self._unary("Checkpoint", pb.CheckpointRequest(), retry=False)
         return message_to_dict(resp)
+
+    async def rebalance(
+        self,
+        moves: Sequence[tuple[int, int, int]] = (),
+        *,
+        even: bool = False,
+        strategy: str = "all-at-once",
+        bins_per_step: int = 16,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Admin: moves bins (first, last, partition) between partitions, or spreads them `even`ly,
+        while the server runs; yields the progress before the first step and after each.
+
+        `strategy`: "all-at-once" (one step), "fluid" (a bin per step) or
+        "batched" (`bins_per_step` per step). Each step is atomic and durable;
+        leaving the iteration early stops after the step under way.
+        """
+        request = pb.RebalanceRequest(
+            moves=[pb.BinMove(first_bin=f, last_bin=la, partition=p) for f, la, p in moves],
+            even=even,
+            strategy=strategy,
+            bins_per_step=bins_per_step,
+        )
+        call = self._ensure_stub().Rebalance(request, metadata=self._metadata)
+        try:
+            async for progress in call:
+                yield message_to_dict(progress)
+        except grpc.aio.AioRpcError as e:
+            raise _mapped(e) from None
+        finally:
+            call.cancel()
 
     async def status(self) -> dict[str, Any]:
         """Server version, partitions, catalog and counters as a plain dict."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -140,6 +140,17 @@ class Client:
         """Admin: an online checkpoint of every partition; see AsyncClient.checkpoint."""
         return self._run(self._async.checkpoint())
 
+    def rebalance(
+        self,
+        moves: Sequence[tuple[int, int, int]] = (),
+        *,
+        even: bool = False,
+        strategy: str = "all-at-once",
+        bins_per_step: int = 16,
+    ) -> Iterator[dict[str, Any]]:
+        """Admin: moves bins between partitions while the server runs; see AsyncClient.rebalance."""
+        return self._iterate(self._async.rebalance(moves, even=even, strategy=strategy, bins_per_step=bins_per_step))
+
     def status(self) -> dict[str, Any]:
         """Server status as a plain dict."""
         return self._run(self._async.status())
@@ -176,7 +187,10 @@ class Client:
 
     def subscribe(self, stream: str, from_ts: int = 0) -> Iterator[tuple[int, Result]]:
         """Iterates (ts, Result) over a stream's committed batches, from timestamp `from_ts` on."""
-        agen = self._async.subscribe(stream, from_ts)
+        return self._iterate(self._async.subscribe(stream, from_ts))
+
+    def _iterate(self, agen: AsyncGenerator[_T, None]) -> Iterator[_T]:
+        """An async iterator of the client's loop, iterated from this thread; closed when left early."""
         try:
             while True:
                 try:

@@ -77,6 +77,7 @@ class RecordKind(enum.IntEnum):
     PUSHES = 10  # the batches one interval committed, in order (weak)
     UNDONE = 11  # the coordinated command's earlier records at this timestamp were rolled back
     FLOW = 12  # one stage of a flow's batches committed here (front/flows.py)
+    MIGRATE = 13  # a migration step committed here: the new partition map and the rows that arrived
 
 
 @dataclass(frozen=True, slots=True)

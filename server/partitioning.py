@@ -109,8 +109,8 @@ def scalar_hash(value: object, arrow_type: pa.DataType) -> int:
 class PartitionMap:
     """Which partition owns each bin. Part of the durable state of the server (MAP_FILE).
 
-    Bins are assigned round-robin at creation; rebalancing (moving bins) is
-    the only thing that may change `owner` later.
+    Bins are assigned round-robin at creation; rebalancing (moving bins,
+    front/rebalance.py) is the only thing that changes `owner` later.
     """
 
     bins: int
@@ -203,6 +203,32 @@ class PartitionMap:
         data = json.loads(text)
         return cls(int(data["bins"]), tuple(int(o) for o in data["owner"]))
 
+    def save(self, data_dir: Path, pending: tuple[int, PartitionMap] | None = None) -> None:
+        """Writes the map to the data directory, with the map a migration step at `pending[0]` moves to.
+
+        A step writes its new map as pending before it starts and as the map
+        once it is DONE; recovery keeps the pending one only if the step's
+        DONE record made it (`settled`).
+        """
+        data: dict[str, object] = {"bins": self.bins, "owner": list(self.owner)}
+        if pending is not None:
+            data["pending"] = {"ts": pending[0], "owner": list(pending[1].owner)}
+        atomic_write(data_dir / MAP_FILE, json.dumps(data))
+
+    @classmethod
+    def settled(cls, data_dir: Path, done: set[int]) -> PartitionMap:
+        """The data directory's map after recovery: a pending step's map if the step finished, else the
+        map before it (either way the file then says so, with nothing pending)."""
+        data = json.loads((data_dir / MAP_FILE).read_text())
+        found = cls(int(data["bins"]), tuple(int(o) for o in data["owner"]))
+        pending = data.get("pending")
+        if pending is None:
+            return found
+        if pending["ts"] in done:
+            found = cls(found.bins, tuple(int(o) for o in pending["owner"]))
+        found.save(data_dir)
+        return found
+
     @classmethod
     def load_or_create(cls, data_dir: Path, partitions: int, bins: int) -> PartitionMap:
         """The map in the data directory, else a new one, saved.
@@ -218,5 +244,5 @@ class PartitionMap:
                 raise ValueError(f"{path}: {found.partitions} partitions over {found.bins} bins, not {partitions}")
             return found
         made = cls.round_robin(partitions, bins)
-        atomic_write(path, made.to_json())
+        made.save(data_dir)
         return made

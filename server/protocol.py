@@ -148,6 +148,26 @@ class Done(Command):
 
 
 @dataclass(frozen=True)
+class Migrate(Command):
+    """Step of a migration at `ts` (partition/migration.py): open its transaction, take out the rows the new
+    `map` (JSON) places on other partitions. Replies `Leaving`, relations: those rows."""
+
+    name = "migrate"
+    ts: int
+    map: str
+
+
+@dataclass(frozen=True)
+class MigrateIn(Command):
+    """The rows of a migration step at `ts` that move to this partition: relation i holds rows of
+    `tables[i]`. Replies None; the step's `Decide` follows."""
+
+    name = "migrate_in"
+    ts: int
+    tables: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class StateRead(Command):
     """Round 1 of state TEs spanning partitions: the rows this partition holds of the keys the events
     name. `items`: each batch's (procedure, ts); relations: the batches, joined (`runs`). Replies `StateRows`."""
@@ -402,6 +422,13 @@ class FlowRan:
 
 
 @dataclass(frozen=True)
+class Leaving:
+    """Rows a migration step takes out of a partition: relation i goes to `parts[i]` = (partition, table)."""
+
+    parts: list[tuple[int, str]]
+
+
+@dataclass(frozen=True)
 class StateRows:
     """Relations: the rows of each table in `tables`."""
 
@@ -469,9 +496,9 @@ class MarksRead:
     last_ts: int
 
 
-COMMAND_STEPS = frozenset({Fragment, Decide, Done, StateRead, Span, Flow})
+COMMAND_STEPS = frozenset({Fragment, Decide, Done, StateRead, Span, Flow, Migrate, MigrateIn})
 """Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
 RECOVERY = frozenset({RecoveryInfo, Recover, ReadMarks})
 """Commands that bring a new worker up: failed, not held, when it dies."""
-TAKES_BATCH = frozenset({Push, Reject, Fragment, Decide, Span, Flow, StateRead, Done})
+TAKES_BATCH = frozenset({Push, Reject, Fragment, Decide, Span, Flow, StateRead, Done, Migrate, MigrateIn})
 """Commands that take a batch (or are a step of one): a bug in one stops the worker (partition/worker.py)."""

@@ -34,6 +34,7 @@ VERB_ROLES = {
     # admin: what the server runs and what it keeps on disk
     "Deploy": "admin",
     "Checkpoint": "admin",
+    "Rebalance": "admin",
     # write: anything that changes the data
     "Push": "write",
     "PushStream": "write",

@@ -206,6 +206,31 @@ def build_parser() -> argparse.ArgumentParser:
         "order, written while it keeps serving; log records it covers are deleted. Prints where each went.",
     )
 
+    p = sub.add_parser(
+        "rebalance",
+        help="move bins between partitions while the server runs (admin)",
+        description="Moves bins (bin = hash(key) mod --bins of the server) to other partitions in steps at "
+        "logical times, each atomic and durable, while the server keeps serving: commands behind a step wait "
+        "for that step only. Shows progress on stderr and prints the final map as a JSON line.",
+    )
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "--move",
+        action="append",
+        default=[],
+        metavar="FIRST[-LAST]:P",
+        help="bins FIRST..LAST (inclusive) go to partition P; repeatable",
+    )
+    what.add_argument("--even", action="store_true", help="as many bins on every partition as can be")
+    p.add_argument(
+        "--strategy",
+        choices=("all-at-once", "fluid", "batched"),
+        default="all-at-once",
+        help="one step; one bin per step; --bins-per-step bins per step (default %(default)s)",
+    )
+    p.add_argument("--bins-per-step", type=int, default=16, help="bins a batched step moves (default %(default)s)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+
     sub.add_parser(
         "health",
         help="exit 0 if the server reports SERVING on the standard gRPC health service",
@@ -496,6 +521,55 @@ def _cmd_checkpoint(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def parse_moves(specs: list[str]) -> list[tuple[int, int, int]]:
+    """`FIRST[-LAST]:P` bin moves as (first, last, partition); a malformed one is InvalidArgument naming it."""
+    from streamtx.errors import InvalidArgument
+
+    moves = []
+    for spec in specs:
+        bins, _, partition = spec.partition(":")
+        first, _, last = bins.partition("-")
+        try:
+            moves.append((int(first), int(last or first), int(partition)))
+        except ValueError:
+            raise InvalidArgument(f"--move {spec!r}: expected FIRST[-LAST]:PARTITION, e.g. 0-255:1") from None
+    return moves
+
+
+def _cmd_rebalance(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from streamtx.client import Client
+
+    moves = parse_moves(args.move)
+    progress = Progress(
+        TextColumn("[bold]rebalance"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("bins, step {task.fields[step]}/{task.fields[steps]}, {task.fields[rows]:,} rows moved"),
+        TimeElapsedColumn(),
+        console=_console(stderr=True),
+        disable=args.quiet,
+    )
+    last: dict[str, Any] = {}
+    with Client(args.target, **_client_kwargs(args)) as c, progress:
+        task = None
+        steps = c.rebalance(moves, even=args.even, strategy=args.strategy, bins_per_step=args.bins_per_step)
+        for last in steps:
+            if task is None:
+                task = progress.add_task("rebalance", total=last.get("bins_total", 0), step=0, steps=0, rows=0)
+            progress.update(
+                task,
+                completed=last.get("bins_moved", 0),
+                step=last.get("step", 0),
+                steps=last.get("steps", 0),
+                rows=last.get("rows_moved", 0),
+            )
+    keys = ("steps", "bins_moved", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition")
+    print(json.dumps({k: last.get(k, 0) for k in keys}))
+    return EXIT_OK
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from rich.table import Table
 
@@ -512,6 +586,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
     summary.add_row("version", str(status.get("version", "")))
     summary.add_row("executor", str(status.get("executor", "")))
     summary.add_row("last timestamp", str(status.get("last_timestamp", "")))
+    owned = status.get("bins_per_partition") or []
+    summary.add_row("bins per partition", " ".join(f"{i}:{n}" for i, n in enumerate(owned)) or "[dim]-[/dim]")
+    moving = status.get("rebalancing") or {}
+    if moving.get("steps"):
+        summary.add_row(
+            "rebalancing",
+            f"step {moving.get('step', 0)}/{moving.get('steps', 0)}, {moving.get('bins_moved', 0)}/"
+            f"{moving.get('bins_total', 0)} bins, {moving.get('rows_moved', 0):,} rows moved",
+        )
     for kind in ("tables", "views", "indexes", "streams", "windows", "procedures", "triggers", "groups"):
         names = status.get(kind) or []
         summary.add_row(kind, _escape(", ".join(names)) if names else "[dim]-[/dim]")
@@ -876,6 +959,7 @@ _COMMANDS = {
     "push": _cmd_push,
     "status": _cmd_status,
     "checkpoint": _cmd_checkpoint,
+    "rebalance": _cmd_rebalance,
     "health": _cmd_health,
     "top": _cmd_top,
     "serve": _cmd_serve,

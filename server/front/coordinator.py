@@ -341,6 +341,7 @@ class Coordinator:
         """Each partition's fragment of the unit: its TE specs and their input rows."""
         front = self.front
         pl = front.catalog.placement
+        pmap = front.map_at(ts)
         every = range(len(self.partitions))
         specs: dict[int, list[tuple[TeSpec, pa.Table | None]]] = {}
 
@@ -350,7 +351,7 @@ class Coordinator:
         if unit.stream is not None:
             assert rows is not None
             key = pl.streams.get(unit.stream)
-            by_key = front.map.split(rows, key) if key is not None and rows.num_rows else {HOME: rows}
+            by_key = pmap.split(rows, key) if key is not None and rows.num_rows else {HOME: rows}
             if unit.entry:
                 for p, part in by_key.items():
                     add(p, None, part, True)
@@ -363,7 +364,7 @@ class Coordinator:
                     for p in every:
                         add(p, proc, rows, False)
                 elif kind == EVENT_KEYED:
-                    for p in exchange.involved(front.map, pl.event_keys[proc], rows):
+                    for p in exchange.involved(pmap, pl.event_keys[proc], rows):
                         add(p, proc, rows, False)
                 else:
                     add(HOME, proc, rows, False)
@@ -371,7 +372,7 @@ class Coordinator:
             proc = unit.procedures[0]
             kind = pl.procedures[proc]
             if kind == PARTITIONED:
-                targets = [front.call_owner(proc, params or {})]
+                targets = [front.call_owner(proc, params or {}, ts)]
             elif kind == SINGLE:
                 targets = [HOME]
             else:

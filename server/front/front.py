@@ -39,6 +39,7 @@ from streamtx.server.front.flows import FlowPush, Flows
 from streamtx.server.front.gate import Gate, Span
 from streamtx.server.front.metrics import push_latency
 from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
+from streamtx.server.front.rebalance import Rebalancer
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
@@ -68,6 +69,7 @@ class Front:
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
+        self._maps: list[tuple[int, PartitionMap]] = []  # (ts, map routing the commands after ts): recent steps
         together = config.executor == "opchain" and config.partitions > 1
         self.gate = Gate(self._run_together if together else None, config.interval_size)
         # each helper takes the collaborators it uses, and of the front itself only a narrow port (front/ports.py)
@@ -75,6 +77,10 @@ class Front:
         self.coordinator = Coordinator(self, self.partitions, self.counters, self.supervisor, config)
         self.spans = Spans(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
         self.flows = Flows(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
+        durable = config.durability != "off"
+        self.rebalancer = Rebalancer(
+            self, self.partitions, self.gate, self.sequencer, self.supervisor, self.coordinator, self.data_dir, durable
+        )
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -107,6 +113,8 @@ class Front:
         recovered = await self.partitions.broadcast(pr.Recover(chosen, infos[HOME].done))
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
+            # a migration step cut short by the crash: kept if DONE made it (front/rebalance.py)
+            self.map = await asyncio.to_thread(PartitionMap.settled, self.data_dir, set(infos[HOME].done))
         ddl = [s.sql for s in create_statements(self.catalog.relations())]
         install = pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True, analyzed=self.catalog)
         await self.partitions.broadcast(install)
@@ -363,12 +371,31 @@ class Front:
                 return involved[0] if involved else HOME
         return None
 
-    def call_owner(self, procedure: str, params: dict[str, Any]) -> int:
-        """The partition that owns a partitioned procedure's key parameter."""
+    def call_owner(self, procedure: str, params: dict[str, Any], ts: int | None = None) -> int:
+        """The partition that owns a partitioned procedure's key parameter (under the map of `ts`)."""
         key = self.catalog.placement.keys[procedure]
         type_sql = dict(self.catalog.procedures[procedure].params)[key]
         value = self.parser.execute(f"SELECT CAST($v AS {type_sql})", {"v": params[key]}).fetchall()[0][0]
-        return int(self.map.owners(pa.array([value]))[0])
+        pmap = self.map if ts is None else self.map_at(ts)
+        return int(pmap.owners(pa.array([value]))[0])
+
+    def switch_map(self, ts: int, new: PartitionMap) -> None:
+        """Commands after `ts` route by `new` (a migration step at `ts`, front/rebalance.py)."""
+        self._maps = [*self._maps[-2:], (ts, self.map)]
+        self.map = new
+
+    def map_at(self, ts: int) -> PartitionMap:
+        """The map that routes the command at `ts`: the current one, unless a step after it switched.
+
+        A coordinated command places each unit when the gate lets it run, which
+        may be after a migration step later in the order switched the map; its
+        rows belong where its own time put them. Only the last few steps are
+        kept: a step waits for every command before it, so older ones ran.
+        """
+        for switched, before in self._maps:
+            if ts < switched:
+                return before
+        return self.map
 
     # -------------------------------------------------------------------- call
     async def call(self, procedure: str, params: dict[str, Any]) -> tuple[int, list[pa.Table]]:

@@ -35,17 +35,17 @@ class Finishing(Protocol):
 class Routing(Finishing, Protocol):
     """What the coordinator reads of the front to place a command's units on partitions.
 
-    A deploy replaces the catalog and the start the partition map: the
-    coordinator reads them through this port each time, and never keeps them.
+    A deploy replaces the catalog, and the start and migration steps the
+    partition map: the coordinator reads them through this port each time,
+    and never keeps them; a command's map is the one of its timestamp.
     """
 
     @property
     def catalog(self) -> Catalog: ...
 
-    @property
-    def map(self) -> PartitionMap: ...
+    def map_at(self, ts: int) -> PartitionMap: ...
 
-    def call_owner(self, procedure: str, params: dict[str, Any]) -> int: ...
+    def call_owner(self, procedure: str, params: dict[str, Any], ts: int | None = None) -> int: ...
 
 
 class Reads(Protocol):

@@ -29,7 +29,9 @@ from streamtx.errors import (
 )
 from streamtx.server.front.admission import Admission
 from streamtx.server.front.front import Front
+from streamtx.server.front.rebalance import DEFAULT_BINS_PER_STEP, BinMove, Progress, bins_per_partition
 from streamtx.server.front.staging import PartSpec, Staging
+from streamtx.server.partitioning import PartitionMap
 from streamtx.server.protocol import Outcome, StatementPlan
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
@@ -327,7 +329,25 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             last_timestamp=st["last_timestamp"],
             stream_metrics=st["stream_metrics"],
             recovery_seconds=st["recovery_seconds"],
+            bins=front.map.bins,
+            bins_per_partition=bins_per_partition(front.map),
+            rebalancing=_progress(front.rebalancer.running, front.map),
         )
+
+    async def Rebalance(
+        self, request: pb.RebalanceRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.RebalanceProgress]:
+        """A migration's progress as it runs; the request's mistakes are INVALID_ARGUMENT before any step."""
+        front = self.front
+        moves = [BinMove(m.first_bin, m.last_bin, m.partition) for m in request.moves]
+        steps = front.rebalancer.run(
+            moves, request.even, request.strategy or "all-at-once", request.bins_per_step or DEFAULT_BINS_PER_STEP
+        )
+        try:
+            async for progress in steps:
+                yield _progress(progress, front.map)
+        except StreamTxError as e:
+            await context.abort(e.code, e.message, e.trailers())
 
     # ------------------------------------------------- streams for connectors
     @rpc()
@@ -560,3 +580,18 @@ def fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
 
 
 __all__ = ["StreamTxService"]
+
+
+def _progress(progress: Progress | None, current: PartitionMap) -> pb.RebalanceProgress | None:
+    if progress is None:
+        return None
+    return pb.RebalanceProgress(
+        step=progress.step,
+        steps=progress.steps,
+        bins_moved=progress.bins_moved,
+        bins_total=progress.bins_total,
+        rows_moved=progress.rows_moved,
+        elapsed_seconds=progress.elapsed,
+        timestamp=progress.ts,
+        bins_per_partition=bins_per_partition(current),
+    )

@@ -99,7 +99,7 @@ class Supervisor:
             while True:
                 refusal = self._refusal(cause)
                 if refusal is not None:
-                    self._give_up(refusal)
+                    self.give_up(refusal)
                     return
                 self.restarts.append(time.monotonic())
                 self.counters["restarts"] += 1
@@ -143,7 +143,8 @@ class Supervisor:
             )
         return None
 
-    def _give_up(self, reason: str) -> None:
+    def give_up(self, reason: str) -> None:
+        """Stops serving for good: the partitions cannot be kept consistent (the server then exits)."""
         self.failure = reason
         log.event("stopped", reason, level="error")
         error = Unavailable(reason)

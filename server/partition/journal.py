@@ -12,7 +12,9 @@ Modes (`--durability`):
   (SPAN: a punctuation interval of state batches over several partitions,
   with the rows they merged; both modes log it whole), and flow stages (FLOW:
   the batches of a flow's step as this partition ran them, front/flows.py;
-  both modes log it whole). Replay re-runs each command
+  both modes log it whole), and migration steps (MIGRATE: the new partition
+  map and the rows that moved here, partition/migration.py; both modes).
+  Replay re-runs each command
   with PE triggers on, which re-derives every interior TE (upstream backup).
 - `strong`: every committed TE is logged, border and interior alike (TE: the
   procedure, its input tuples or parameters, its timestamp, the batch's dedup
@@ -66,16 +68,16 @@ class Pushed(Protocol):
     batch: pa.Table
 
 
-COMMAND_FORMAT = 2
+COMMAND_FORMAT = 3
 """The form of the records' payloads (their JSON headers and relations), written in every log segment.
 
 A release that changes it bumps it and lists in `READABLE` the formats it
 still replays; recovery refuses any other, naming the segment. 0 is a log
 from before the format was written down, identical to 1. In 0 and 1 the DDL
 of an INSTALL names stored tuples' timestamp column `batch_id`; replay reads
-it as `__ts` (catalog/physical.py `current_ddl`).
+it as `__ts` (catalog/physical.py `current_ddl`). 3 added MIGRATE records.
 """
-READABLE = (0, 1, 2)
+READABLE = (0, 1, 2, 3)
 
 
 class Journal:
@@ -205,6 +207,10 @@ class Journal:
     def flow(self, ts: int, flow: pr.Flow, tables: list[pa.Table]) -> None:
         """A flow stage committed here, as the front sent it; `ts` is the flow's last batch's."""
         self._append(K.FLOW, ts, flow.to_log(), tables)
+
+    def migrate(self, ts: int, partition_map: str, tables: list[str], rows: list[pa.Table]) -> None:
+        """A migration step committed here (partition/migration.py): the new map and the rows that arrived."""
+        self._append(K.MIGRATE, ts, {"map": partition_map, "tables": tables}, rows)
 
     def _tes(
         self,

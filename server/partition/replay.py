@@ -3,7 +3,7 @@
 Weak mode's records re-run each command with PE triggers on, re-deriving
 every interior TE; strong mode's re-execute each logged TE alone, PE
 triggers off. Consecutive logged batches replay as one interval, as they
-ran. A coordinated command's records replay only if it finished everywhere.
+ran. A coordinated command's records (and a migration step's) replay only if it finished everywhere.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.physical import current_ddl
 from streamtx.server.ipc import split_grouped
+from streamtx.server.partition import migration
 from streamtx.server.partition.checkpoints import checkpoint_ts, restore
 from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.exchange import Exchange
@@ -144,6 +145,8 @@ def _replay(
         flow.replay_span(pr.Span.from_log(head), tables)
     elif kind == K.FLOW:
         flow.replay_flow(pr.Flow.from_log(head), tables, ts)
+    elif kind == K.MIGRATE:
+        migration.replay(eng, ts, head, tables)
     elif kind == K.INTERVAL:
         flat = split_grouped(head["order"], head["runs"], tables)
         for batch_ts, mark, specs, inputs in head["batches"]:
@@ -182,7 +185,7 @@ def _settled(
         if record.kind == K.UNDONE:
             held = [h for h in held if h[2].ts != record.ts]
             doubt.discard(record.ts)
-        elif record.kind in (K.FRAGMENTS, K.SPAN, K.FLOW):
+        elif record.kind in (K.FRAGMENTS, K.SPAN, K.FLOW, K.MIGRATE):
             if record.ts in done:
                 held.append(item)
             else:

@@ -41,6 +41,7 @@ from streamtx.server.partition.dataflow import Dataflow, Push
 from streamtx.server.partition.engine import Engine
 from streamtx.server.partition.exchange import read_owned
 from streamtx.server.partition.journal import Journal
+from streamtx.server.partition.migration import Migration
 from streamtx.server.partition.state import run_values
 
 PR_SET_PDEATHSIG = 1
@@ -102,6 +103,7 @@ class Worker:
         )
         self.engine.meter.slow_te_s = config.slow_te_ms / 1000
         self.dataflow = Dataflow(self.engine)
+        self.migration = Migration(self.engine)
         self.inbox: queue.Queue[list[Frame] | None] = queue.Queue()  # frames as they came packed; None: the end
         self._backlog: collections.deque[Frame] = collections.deque()  # the rest of the inbox item taken last
         self.data_dir = config.partition_dir(partition)
@@ -121,7 +123,9 @@ class Worker:
             pr.StateRead: self._state_read,
             pr.Span: lambda c, t: self.dataflow.run_span(c, t),
             pr.Flow: lambda c, t: self.dataflow.run_flow(c, t),
-            pr.Decide: lambda c, _: (self.dataflow.decide(c), []),
+            pr.Decide: self._decide,
+            pr.Migrate: lambda c, _: self.migration.leave(c),
+            pr.MigrateIn: self.migration.arrive,
             pr.Call: self._call,
             pr.Query: lambda c, _: (None, [self.engine.query(c.sql, c.params)]),
             pr.Gather: self._gather,
@@ -404,6 +408,13 @@ class Worker:
             raise Internal(f"unknown partition command {type(request.command).__name__}")
         self._current, self._again = request.id, request.again
         return handler(request.command, tables)
+
+    def _decide(self, c: pr.Decide, _: list[pa.Table]) -> tuple[None, list[pa.Table]]:
+        if self.migration.open is not None:
+            self.migration.decide(c, self.journal)
+        else:
+            self.dataflow.decide(c)
+        return None, []
 
     def _reject(self, c: pr.Reject, _: list[pa.Table]) -> tuple[pr.Outcome, list[pa.Table]]:
         return self.dataflow.run_reject(c.stream, c.producer, c.batch_id, c.ts, c.code, c.reason), []

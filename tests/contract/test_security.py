@@ -50,6 +50,7 @@ APP = (
 EXPECTED_ROLES = {
     "Deploy": "admin",
     "Checkpoint": "admin",
+    "Rebalance": "admin",
     "Push": "write",
     "PushStream": "write",
     "Call": "write",

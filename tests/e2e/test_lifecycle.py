@@ -101,7 +101,7 @@ def test_signal_stops_the_server_and_every_worker(launch, sig):
     assert live_processes_mentioning(str(srv.data_dir)) == []
     assert "Traceback" not in srv.stderr(), srv.stderr()
     # the data directory is free again: a new server starts on it
-    again = launch(partitions=1)
+    again = launch(partitions=2)
     assert status(again.stub).tables == ["life_t"]
 
 
@@ -148,7 +148,7 @@ def test_sigkill_of_the_front_kills_the_workers(tmp_path):
         assert wait_dead(pids, 5) == [], [(p, proc_state(p), cmdline(p)) for p in pids]
         assert workers_of(front) == []
         # the lock died with the front: a new server takes the data directory
-        srv2 = EmbeddedServer(tmp_path / "data", partitions=1).start()
+        srv2 = EmbeddedServer(tmp_path / "data", partitions=2).start()
         try:
             with grpc.insecure_channel(srv2.target) as ch:
                 assert status(pb_grpc.StreamTxStub(ch)).streams == ["life_s"]

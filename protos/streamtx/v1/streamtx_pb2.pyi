@@ -337,7 +337,7 @@ class StreamMetrics(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., committed: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes", "bins", "bins_per_partition", "rebalancing")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -360,6 +360,9 @@ class StatusResponse(_message.Message):
     RECOVERY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
     INDEXES_FIELD_NUMBER: _ClassVar[int]
+    BINS_FIELD_NUMBER: _ClassVar[int]
+    BINS_PER_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REBALANCING_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -375,7 +378,52 @@ class StatusResponse(_message.Message):
     recovery_seconds: float
     groups: _containers.RepeatedScalarFieldContainer[str]
     indexes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ...) -> None: ...
+    bins: int
+    bins_per_partition: _containers.RepeatedScalarFieldContainer[int]
+    rebalancing: RebalanceProgress
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ..., bins: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., rebalancing: _Optional[_Union[RebalanceProgress, _Mapping]] = ...) -> None: ...
+
+class BinMove(_message.Message):
+    __slots__ = ("first_bin", "last_bin", "partition")
+    FIRST_BIN_FIELD_NUMBER: _ClassVar[int]
+    LAST_BIN_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    first_bin: int
+    last_bin: int
+    partition: int
+    def __init__(self, first_bin: _Optional[int] = ..., last_bin: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class RebalanceRequest(_message.Message):
+    __slots__ = ("moves", "even", "strategy", "bins_per_step")
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    EVEN_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    BINS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[BinMove]
+    even: bool
+    strategy: str
+    bins_per_step: int
+    def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ...) -> None: ...
+
+class RebalanceProgress(_message.Message):
+    __slots__ = ("step", "steps", "bins_moved", "bins_total", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    BINS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    BINS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    ROWS_MOVED_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    BINS_PER_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    steps: int
+    bins_moved: int
+    bins_total: int
+    rows_moved: int
+    elapsed_seconds: float
+    timestamp: int
+    bins_per_partition: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step: _Optional[int] = ..., steps: _Optional[int] = ..., bins_moved: _Optional[int] = ..., bins_total: _Optional[int] = ..., rows_moved: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., timestamp: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("stream", "with_complete_through")

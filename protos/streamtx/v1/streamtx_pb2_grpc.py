@@ -74,6 +74,11 @@ class StreamTxStub:
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.SerializeToString,
                 response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
+        self.Rebalance = channel.unary_stream(
+                '/streamtx.v1.StreamTx/Rebalance',
+                request_serializer=streamtx_dot_v1_dot_streamtx__pb2.RebalanceRequest.SerializeToString,
+                response_deserializer=streamtx_dot_v1_dot_streamtx__pb2.RebalanceProgress.FromString,
+                _registered_method=True)
         self.DescribeStream = channel.unary_unary(
                 '/streamtx.v1.StreamTx/DescribeStream',
                 request_serializer=streamtx_dot_v1_dot_streamtx__pb2.DescribeStreamRequest.SerializeToString,
@@ -167,6 +172,15 @@ class StreamTxServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rebalance(self, request, context):
+        """Admin: moves bins between partitions while the server runs, in steps at
+        logical times (each step is atomic and durable); one message before the
+        first step and one after each.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def DescribeStream(self, request, context):
         """A stream's schema and how far it is complete (for producers and readers
         that check before they move data, e.g. the Spark connector).
@@ -255,6 +269,11 @@ def add_StreamTxServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.FromString,
                     response_serializer=streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.SerializeToString,
+            ),
+            'Rebalance': grpc.unary_stream_rpc_method_handler(
+                    servicer.Rebalance,
+                    request_deserializer=streamtx_dot_v1_dot_streamtx__pb2.RebalanceRequest.FromString,
+                    response_serializer=streamtx_dot_v1_dot_streamtx__pb2.RebalanceProgress.SerializeToString,
             ),
             'DescribeStream': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeStream,
@@ -503,6 +522,33 @@ class StreamTx:
             '/streamtx.v1.StreamTx/Checkpoint',
             streamtx_dot_v1_dot_streamtx__pb2.CheckpointRequest.SerializeToString,
             streamtx_dot_v1_dot_streamtx__pb2.CheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rebalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/streamtx.v1.StreamTx/Rebalance',
+            streamtx_dot_v1_dot_streamtx__pb2.RebalanceRequest.SerializeToString,
+            streamtx_dot_v1_dot_streamtx__pb2.RebalanceProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,251 @@
+"""Moving bins between partitions while the server runs, Megaphone style.
+
+A migration is a sequence of steps. Each step moves some bins at one
+logical time: the sequencer gives it timestamp `ts`, and in the same
+instant the front starts routing by the step's new map, so every command
+before `ts` ran under the old map and every command after it runs under
+the new one. The step itself is a coordinated command (the gate keeps
+everything else back while it runs): each partition takes out the rows of
+the bins it gives up (partition/migration.py), the front hands them to
+their new partitions, and all commit together (two-phase, like a
+coordinated TE) or none does. Commands behind the step wait only for that
+step, so how long the stream stalls is bounded by what one step moves:
+
+- `all-at-once`: one step moves every bin;
+- `fluid`: one bin per step;
+- `batched`: `bins_per_step` bins per step.
+
+Durability: the data directory's map file names the step's new map as
+pending before the step starts, and as the map once the home partition
+logged the step DONE; each partition logs its part (MIGRATE) when it
+commits. A crash at any point recovers to a consistent map: the step is
+kept everywhere if DONE made it, and dropped everywhere otherwise, so no
+row is lost or duplicated. If the workers are restarted under a step (one
+died), the step is run again at the same timestamp, or found done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+
+from streamtx.errors import FailedPrecondition, InvalidArgument
+from streamtx.server import protocol as pr
+from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.front.coordinator import Coordinator
+from streamtx.server.front.gate import Gate
+from streamtx.server.front.partitions import HOME, Partitions, Restarted
+from streamtx.server.front.sequencer import Sequencer
+from streamtx.server.front.supervisor import Supervisor
+from streamtx.server.partition.migration import unmovable
+from streamtx.server.partitioning import PartitionMap
+
+STRATEGIES = ("all-at-once", "fluid", "batched")
+DEFAULT_BINS_PER_STEP = 16
+
+
+class Placing(Protocol):
+    """What a migration reads and changes of the front: the map it routes by, and the catalog."""
+
+    @property
+    def map(self) -> PartitionMap: ...
+
+    @property
+    def catalog(self) -> Catalog: ...
+
+    def switch_map(self, ts: int, new: PartitionMap) -> None: ...
+
+
+@dataclass(frozen=True)
+class BinMove:
+    """Bins `first`..`last` (inclusive) go to `partition`."""
+
+    first: int
+    last: int
+    partition: int
+
+
+@dataclass
+class Progress:
+    """Where a migration is: after `step` of `steps` (0: planned, none run yet)."""
+
+    step: int
+    steps: int
+    bins_total: int
+    bins_moved: int = 0
+    rows_moved: int = 0
+    ts: int = 0
+    started: float = field(default_factory=time.monotonic)
+    strategy: str = "all-at-once"
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+
+def target_owner(current: PartitionMap, moves: list[BinMove], even: bool) -> tuple[int, ...]:
+    """The owner of every bin once the migration is done; bad bins or partitions are InvalidArgument."""
+    if even == bool(moves):
+        raise InvalidArgument("rebalance: give either bin moves or even, not both and not neither")
+    if even:
+        return even_owner(current)
+    owner = list(current.owner)
+    for m in moves:
+        if not 0 <= m.first <= m.last < current.bins:
+            raise InvalidArgument(f"rebalance: bins {m.first}..{m.last}: bins are 0..{current.bins - 1}")
+        if not 0 <= m.partition < current.partitions:
+            raise InvalidArgument(
+                f"rebalance: partition {m.partition}: the server has partitions 0..{current.partitions - 1}"
+            )
+        owner[m.first : m.last + 1] = [m.partition] * (m.last - m.first + 1)
+    return tuple(owner)
+
+
+def even_owner(current: PartitionMap) -> tuple[int, ...]:
+    """As many bins on every partition as can be (they differ by one at most), moving as few as possible."""
+    parts, bins = current.partitions, current.bins
+    owner = list(current.owner)
+    held = {p: [b for b in range(bins) if owner[b] == p] for p in range(parts)}
+    by_size = sorted(range(parts), key=lambda p: (-len(held[p]), p))
+    quota = {p: bins // parts + (1 if i < bins % parts else 0) for i, p in enumerate(by_size)}
+    spare = [b for p in range(parts) for b in held[p][quota[p] :]]
+    for p in range(parts):
+        while len(held[p]) < quota[p]:
+            b = spare.pop(0)
+            owner[b] = p
+            held[p].append(b)
+    return tuple(owner)
+
+
+def plan(current: PartitionMap, target: tuple[int, ...], strategy: str, bins_per_step: int) -> list[PartitionMap]:
+    """The maps the steps move to, in order; the last is `target`."""
+    if strategy not in STRATEGIES:
+        raise InvalidArgument(f"rebalance: strategy {strategy!r}: must be one of {', '.join(STRATEGIES)}")
+    if bins_per_step < 1:
+        raise InvalidArgument(f"rebalance: bins per step {bins_per_step}: must be at least 1")
+    moving = [b for b in range(current.bins) if current.owner[b] != target[b]]
+    size = {"all-at-once": max(len(moving), 1), "fluid": 1, "batched": bins_per_step}[strategy]
+    maps = []
+    owner = list(current.owner)
+    for i in range(0, len(moving), size):
+        for b in moving[i : i + size]:
+            owner[b] = target[b]
+        maps.append(PartitionMap(current.bins, tuple(owner)))
+    return maps
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        front: Placing,
+        partitions: Partitions,
+        gate: Gate,
+        sequencer: Sequencer,
+        supervisor: Supervisor,
+        coordinator: Coordinator,
+        data_dir: Path,
+        durable: bool,
+    ) -> None:
+        self.front = front
+        self.partitions = partitions
+        self.gate = gate
+        self.sequencer = sequencer
+        self.supervisor = supervisor
+        self.coordinator = coordinator
+        self.data_dir = data_dir
+        self.durable = durable
+        self.running: Progress | None = None  # the migration in flight (Status shows it)
+        self._lock = asyncio.Lock()
+
+    async def run(self, moves: list[BinMove], even: bool, strategy: str, bins_per_step: int) -> AsyncIterator[Progress]:
+        """Runs a migration step by step; yields its progress before the first step and after each."""
+        current = self.front.map
+        maps = plan(current, target_owner(current, moves, even), strategy, bins_per_step)
+        reason = unmovable(self.front.catalog)
+        if reason is not None and maps:
+            raise FailedPrecondition(f"rebalance: {reason}")
+        if self._lock.locked():
+            raise FailedPrecondition("rebalance: a migration is running already; wait for it to end")
+        async with self._lock:
+            total = sum(a != b for a, b in zip(current.owner, maps[-1].owner, strict=True)) if maps else 0
+            progress = Progress(0, len(maps), total, strategy=strategy)
+            self.running = progress
+            try:
+                yield progress
+                for new in maps:
+                    before = self.front.map
+                    rows, ts = await self.step(new)
+                    progress.step += 1
+                    progress.bins_moved += sum(a != b for a, b in zip(before.owner, new.owner, strict=True))
+                    progress.rows_moved += rows
+                    progress.ts = ts
+                    yield progress
+            finally:
+                self.running = None
+
+    async def step(self, new: PartitionMap) -> tuple[int, int]:
+        """One step at the next timestamp; returns the rows it moved and its timestamp."""
+        # from here until the gate takes the step, nothing awaits: commands after `ts` route by `new`, and
+        # every partition gets the step after the commands before it (an fsync of a small file meanwhile)
+        ts = self.sequencer.next_ts()
+        self.front.map.save(self.data_dir, (ts, new))
+        self.front.switch_map(ts, new)
+        rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new))
+        return rows, ts
+
+    async def _attempts(self, ts: int, new: PartitionMap) -> int:
+        """The step, run again at the same timestamp if the workers were restarted under it (unless DONE)."""
+        while True:
+            try:
+                return await self._run(ts, new)
+            except Restarted:
+                await self.supervisor.recovered()
+                if ts in self.supervisor.done:
+                    await asyncio.to_thread(new.save, self.data_dir)
+                    return 0
+
+    async def _run(self, ts: int, new: PartitionMap) -> int:
+        every = self.partitions.all
+        try:
+            replies = await asyncio.gather(*(p.request(pr.Migrate(ts, new.to_json())) for p in every))
+            arriving: dict[int, tuple[list[str], list[pa.Table]]] = {}
+            moved = 0
+            for leaving, tables in replies:
+                for (dest, table), rows in zip(leaving.parts, tables, strict=True):
+                    names, relations = arriving.setdefault(dest, ([], []))
+                    names.append(table)
+                    relations.append(rows)
+                    moved += rows.num_rows
+            await asyncio.gather(
+                *(
+                    self.partitions[p].request(pr.MigrateIn(ts, tuple(names)), relations)
+                    for p, (names, relations) in sorted(arriving.items())
+                )
+            )
+            await self.coordinator.decide({p.index for p in every}, True, ts)
+        except Restarted:
+            raise
+        except BaseException as e:
+            # commands after `ts` wait at the gate routed by the new map, which no partition took: only a
+            # recovery (the step not DONE, so dropped everywhere) brings partitions and map together again
+            await self.coordinator.undo_everywhere(ts)
+            self.supervisor.give_up(f"migration step at timestamp {ts} failed: {e}")
+            raise
+        if self.durable:
+            await self.partitions[HOME].request(pr.Done(ts))
+        await asyncio.to_thread(new.save, self.data_dir)
+        return moved
+
+
+def bins_per_partition(current: PartitionMap) -> list[int]:
+    """How many bins each partition owns (Status)."""
+    counts = [0] * current.partitions
+    for p in current.owner:
+        counts[p] += 1
+    return counts

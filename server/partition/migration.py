@@ -1,0 +1,209 @@
+"""A partition's part of moving bins to other partitions (front/rebalance.py runs the steps).
+
+A step of a migration is a coordinated command at one timestamp `ts`: every
+command before it ran under the old partition map, every command after it
+runs under the new one. On each partition it is one DuckDB transaction,
+left open between the front's rounds like a coordinated TE's:
+
+1. `Migrate`: the rows of partitioned tables whose bin the new map gives to
+   another partition are deleted here and returned, grouped by their new
+   partition;
+2. `MigrateIn`: the rows other partitions gave up for this one are inserted;
+3. `Decide`: commit (the new map installed, the caches derived from the old
+   one dropped) or roll back.
+
+What moves is the rows of tables `PARTITION BY` a column, and with them the
+views over those tables (recomputed on both sides). Stored stream tuples
+stay where they were taken: they are history, and reads gather every
+partition. Exactly-once marks stay too: the front answers re-sent batch
+ids whichever partition their rows route to now, and each partition's marks
+keep increasing. Windows kept by a procedure that runs on several
+partitions hold the tuples each partition took, which no bin describes:
+a catalog with one is refused (`unmovable`).
+
+The log record of a committed step (MIGRATE) holds the new map and the rows
+that arrived; replay deletes the leaving rows again (the same rows: replay
+reaches the same state) and inserts the arrived ones. It is replayed only if
+the step finished everywhere (DONE on the home partition), like fragments.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from streamtx.errors import FailedPrecondition, Internal
+from streamtx.server import protocol as pr
+from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.catalog.compile import quote
+from streamtx.server.catalog.placement import PARTITIONED, SINGLE
+from streamtx.server.partitioning import PartitionMap
+
+if TYPE_CHECKING:
+    from streamtx.server.partition.engine import Engine
+    from streamtx.server.partition.journal import Journal
+
+_ROWID = "__streamtx_rowid"
+
+
+def unmovable(catalog: Catalog) -> str | None:
+    """Why bins of this catalog cannot move; None if they can."""
+    for procedure, kind in sorted(catalog.placement.procedures.items()):
+        if kind == SINGLE:
+            continue
+        for window in catalog.owned_windows(procedure):
+            return (
+                f"window {window!r} is kept by procedure {procedure!r}, which runs on several partitions: "
+                "each partition's window holds the tuples it took, which moving bins would not split"
+            )
+    return None
+
+
+def moving_tables(catalog: Catalog) -> list[tuple[str, str]]:
+    """(table, partition column) of every table whose rows live by bin."""
+    placed = catalog.placement.tables
+    return [
+        (t, d.partition_by)
+        for t, d in sorted(catalog.tables.items())
+        if placed.get(t) == PARTITIONED and d.partition_by is not None
+    ]
+
+
+class Migration:
+    """The open step on this partition, between `leave` and `decide`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.open: pr.Migrate | None = None
+        self._arrived: tuple[list[str], list[pa.Table]] = ([], [])
+
+    def leave(self, c: pr.Migrate) -> tuple[pr.Leaving, list[pa.Table]]:
+        """Round 1: opens the step's transaction and takes out the rows the new map sends elsewhere."""
+        eng = self.engine
+        if self.open is not None:
+            raise Internal(f"partition {eng.partition}: migration at {c.ts} while the one at {self.open.ts} is open")
+        eng.begin()
+        self.open = c
+        self._arrived = ([], [])
+        try:
+            parts, tables = take_leaving(eng, PartitionMap.from_json(c.map))
+        except BaseException:
+            self.rollback()
+            raise
+        return pr.Leaving(parts), tables
+
+    def arrive(self, c: pr.MigrateIn, tables: list[pa.Table]) -> tuple[None, list[pa.Table]]:
+        """Round 2: the rows other partitions gave up for this one."""
+        if self.open is None or self.open.ts != c.ts:
+            raise Internal(f"partition {self.engine.partition}: rows of migration {c.ts} arrived with none open")
+        insert_arrived(self.engine, c.tables, tables)
+        self._arrived = (self._arrived[0] + list(c.tables), self._arrived[1] + tables)
+        return None, []
+
+    def decide(self, c: pr.Decide, journal: Journal | None) -> None:
+        """Round 3: commit (then the new map is this partition's) or roll back."""
+        step, self.open = self.open, None
+        assert step is not None and step.ts == c.ts
+        eng = self.engine
+        if not c.commit:
+            eng.rollback()
+            return
+        eng.commit()
+        eng.marks.ran(step.ts)
+        install_map(eng, step.map)
+        if journal is not None:
+            journal.migrate(step.ts, step.map, *self._arrived)
+        eng.counters["migrations"] += 1
+        eng.counters["rows_migrated_in"] += sum(t.num_rows for t in self._arrived[1])
+
+    def rollback(self) -> None:
+        if self.open is not None:
+            self.open = None
+            self.engine.rollback()
+
+
+def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]], list[pa.Table]]:
+    """Deletes (in the open transaction) the rows of partitioned tables `new` places elsewhere; returns
+    them as (partition, table) and one relation each, in a deterministic order."""
+    reason = unmovable(eng.catalog)
+    if reason is not None:
+        raise FailedPrecondition(f"rebalance: {reason}")
+    con = eng.con
+    parts: list[tuple[int, str]] = []
+    out: list[pa.Table] = []
+    for table, column in moving_tables(eng.catalog):
+        keys = con.execute(f"SELECT rowid AS {_ROWID}, {quote(column)} FROM {quote(table)}").to_arrow_table()
+        if keys.num_rows == 0:
+            continue
+        owners = new.owners(keys.column(1))
+        leaving = owners != eng.partition
+        if not leaving.any():
+            continue
+        ids = pa.table({_ROWID: keys.column(0).filter(pa.array(leaving))})
+        columns = ", ".join(quote(c) for c in _stored_columns(eng, table))
+        con.register("__streamtx_leaving", ids)
+        try:
+            rows = con.execute(
+                f"SELECT rowid AS {_ROWID}, {columns} FROM {quote(table)} "
+                f"WHERE rowid IN (SELECT {_ROWID} FROM __streamtx_leaving) ORDER BY rowid"
+            ).to_arrow_table()
+            con.execute(f"DELETE FROM {quote(table)} WHERE rowid IN (SELECT {_ROWID} FROM __streamtx_leaving)")
+        finally:
+            con.unregister("__streamtx_leaving")
+        dest = new.owners(rows.column(column))
+        rows = rows.drop_columns([_ROWID])
+        for p in sorted(set(dest.tolist())):
+            parts.append((p, table))
+            out.append(rows.filter(pa.array(dest == p)))
+    if parts:
+        eng.state.refresh_views(frozenset(t for _, t in parts))
+    return parts, out
+
+
+def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:
+    """Inserts (in the open transaction) rows that moved here, table by table."""
+    con = eng.con
+    for table, rows in zip(names, tables, strict=True):
+        if rows.num_rows == 0:
+            continue
+        columns = ", ".join(quote(c) for c in rows.column_names)
+        con.register("__streamtx_arrived", rows)
+        try:
+            con.execute(f"INSERT INTO {quote(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived")
+        finally:
+            con.unregister("__streamtx_arrived")
+    if names:
+        eng.state.refresh_views(frozenset(names))
+
+
+def install_map(eng: Engine, partition_map: str) -> None:
+    """The new map becomes this partition's; everything derived from the old one (the working set's rows,
+    known owners, window and ranking caches) is rebuilt from DuckDB, as after a deploy."""
+    eng.install(eng.catalog, [], partition_map)
+
+
+def replay(eng: Engine, ts: int, head: dict, tables: list[pa.Table]) -> None:
+    """A committed step, from its log record (its step finished everywhere)."""
+    eng.begin()
+    try:
+        take_leaving(eng, PartitionMap.from_json(head["map"]))
+        insert_arrived(eng, head["tables"], tables)
+    except BaseException:
+        eng.rollback()
+        raise
+    eng.commit()
+    eng.marks.ran(ts)
+    install_map(eng, head["map"])
+
+
+def _stored_columns(eng: Engine, table: str) -> list[str]:
+    """The table's columns that hold values (generated ones are computed again where the rows go)."""
+    return [
+        name
+        for (name,) in eng.con.execute(
+            "SELECT column_name FROM duckdb_columns() WHERE schema_name = 'main' AND table_name = ? "
+            "AND NOT is_generated ORDER BY column_index",
+            [table],
+        ).fetchall()
+    ]

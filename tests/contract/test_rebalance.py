@@ -1,0 +1,212 @@
+"""Moving bins between partitions while batches flow (front/rebalance.py, partition/migration.py).
+
+A real server of two partitions runs the accounts application (balances
+partitioned by account, an audit table on the home partition); a producer
+pushes deposits, single- and multi-partition, while bins move. Afterwards
+every balance and audit row equals plain Python's sum of what was acked,
+each table's rows live where the new map puts them (Status row counts),
+re-sent batches are DUPLICATE, and new deposits land on the moved rows.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+
+import grpc
+import pytest
+from support.partitions import ACCOUNTS, deposits
+
+from streamtx.client import Client
+from streamtx.errors import FailedPrecondition, InvalidArgument
+from streamtx.server.embedded import EmbeddedServer
+from streamtx.server.partitioning import PartitionMap
+
+pytestmark = pytest.mark.timeout(300)
+
+ACCOUNT_IDS = list(range(1, 120))
+
+
+class Ledger:
+    """A producer of deposits and the balances they must add up to."""
+
+    def __init__(self, client: Client, seed: int) -> None:
+        self.client = client
+        self.rng = random.Random(seed)
+        self.expected: Counter[int] = Counter()
+        self.audited = 0
+        self.sent: list[tuple[int, list[tuple[int, int]]]] = []  # (batch id, rows)
+        self.futures: list = []
+
+    def push(self, n: int) -> None:
+        for _ in range(n):
+            rows = [(self.rng.choice(ACCOUNT_IDS), self.rng.randint(1, 9)) for _ in range(self.rng.choice((1, 1, 3)))]
+            fut = self.client.push("deposits", deposits(rows))
+            self.futures.append((fut, rows))
+
+    def settle(self) -> None:
+        for fut, rows in self.futures:
+            result = fut.result(timeout=60)
+            assert result.outcome == "committed", result
+            for account, amount in rows:
+                self.expected[account] += amount
+            self.audited += len(rows)
+            self.sent.append((result.batch_id, rows))
+        self.futures = []
+
+    def check(self, *moves: tuple[int, int, int]) -> None:
+        """Balances and audit as acked; each balance on the partition owning its bin after `moves`."""
+        balances = dict(self.client.query("SELECT account, balance FROM balances").fetchall())
+        assert balances == dict(self.expected)
+        assert self.client.query("SELECT count(*) FROM audit").fetchall() == [(self.audited,)]
+        owner = list(PartitionMap.round_robin(2, 1024).owner)
+        for first, last, p in moves:
+            owner[first : last + 1] = [p] * (last - first + 1)
+        placed = Counter(PartitionMap(1024, tuple(owner)).owners_of(list(balances)).tolist())
+        counters = self.client.status()["counters"]
+        assert [counters.get(f"partition{p}.rows.balances", 0) for p in (0, 1)] == [placed[0], placed[1]]
+
+
+def start(tmp_path) -> EmbeddedServer:
+    return EmbeddedServer(tmp_path / "data", partitions=2).start()
+
+
+@pytest.fixture
+def server(tmp_path):
+    srv = start(tmp_path)
+    with Client(srv.target) as c:
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("strategy", ["all-at-once", "fluid", "batched"])
+def test_bins_move_while_deposits_flow_and_end_as_without_a_migration(server, strategy):
+    with Client(server.target, producer_id=f"ledger-{strategy}") as c:
+        ledger = Ledger(c, seed=len(strategy))
+        ledger.push(150)
+        moves = [(0, 127, 1), (900, 1023, 1)] if strategy != "fluid" else [(0, 31, 1)]
+        progress: list[dict] = []
+
+        def rebalance() -> None:
+            with Client(server.target) as admin:
+                progress.extend(admin.rebalance(moves, strategy=strategy, bins_per_step=20))
+
+        mover = threading.Thread(target=rebalance)
+        mover.start()
+        while mover.is_alive():
+            ledger.push(20)
+            ledger.settle()
+        mover.join()
+        ledger.push(100)
+        ledger.settle()
+
+        moved = 64 + 62 if strategy != "fluid" else 16  # bins 0..127 and 900..1023 that partition 0 owned
+        steps = {"all-at-once": 1, "fluid": moved, "batched": -(-moved // 20)}[strategy]
+        assert [p["step"] for p in progress] == list(range(steps + 1))
+        assert progress[-1]["bins_moved"] == progress[-1]["bins_total"] == moved
+        assert progress[-1]["bins_per_partition"] == [512 - moved, 512 + moved]
+        assert c.status()["bins_per_partition"] == [512 - moved, 512 + moved]
+        ledger.check(*moves)
+
+        # a re-sent batch is DUPLICATE wherever its rows route now, and changes nothing
+        for batch_id, rows in ledger.sent[:40]:
+            again = c.push("deposits", deposits(rows), batch_id=batch_id).result(timeout=60)
+            assert again.outcome == "duplicate", again
+        ledger.check(*moves)
+
+
+def test_even_spreads_bins_back_and_moves_as_few_as_possible(server):
+    with Client(server.target) as c:
+        ledger = Ledger(c, seed=5)
+        ledger.push(200)
+        ledger.settle()
+        list(c.rebalance([(0, 299, 0)]))
+        assert c.status()["bins_per_partition"] == [662, 362]
+        steps = list(c.rebalance(even=True, strategy="batched", bins_per_step=50))
+        assert steps[-1]["bins_moved"] == 150  # only the surplus of partition 0 goes
+        assert c.status()["bins_per_partition"] == [512, 512]
+        assert list(c.rebalance(even=True))[-1]["steps"] == 0  # nothing to move: no step
+        ledger.push(100)
+        ledger.settle()
+        # partition 0's surplus is its last 150 bins: 0..299, then its own even bins from 300 up to 722
+        ledger.check((0, 299, 0), *[(b, b, 1) for b in range(724, 1024, 2)])
+
+
+def test_a_migration_survives_a_checkpoint_and_a_restart(tmp_path):
+    srv = start(tmp_path)
+    try:
+        with Client(srv.target, producer_id="restart") as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            ledger = Ledger(c, seed=9)
+            ledger.push(100)
+            ledger.settle()
+            list(c.rebalance([(0, 511, 1)], strategy="batched", bins_per_step=100))
+            ledger.push(50)
+            ledger.settle()
+            c.checkpoint()
+            list(c.rebalance([(512, 767, 0)], strategy="batched", bins_per_step=100))
+            ledger.push(50)
+            ledger.settle()
+            expected, audited, shape = ledger.expected, ledger.audited, c.status()["bins_per_partition"]
+        assert srv.stop() == 0
+    finally:
+        srv.stop()
+    with EmbeddedServer(tmp_path / "data", partitions=None) as again, Client(again.target, producer_id="after") as c:
+        assert c.status()["bins_per_partition"] == shape == [256 + 128, 512 + 128]
+        ledger = Ledger(c, seed=10)
+        ledger.expected, ledger.audited = expected, audited
+        ledger.check((0, 511, 1), (512, 767, 0))
+        ledger.push(80)
+        ledger.settle()
+        ledger.check((0, 511, 1), (512, 767, 0))
+
+
+@pytest.mark.parametrize(
+    "moves, options, message",
+    [
+        ([(0, 1024, 1)], {}, "rebalance: bins 0..1024: bins are 0..1023"),
+        ([(-1, 3, 1)], {}, "rebalance: bins -1..3: bins are 0..1023"),
+        ([(5, 3, 1)], {}, "rebalance: bins 5..3: bins are 0..1023"),
+        ([(0, 3, 2)], {}, "rebalance: partition 2: the server has partitions 0..1"),
+        ([(0, 3, 1)], {"strategy": "sideways"}, "strategy 'sideways': must be one of all-at-once, fluid, batched"),
+        ([(0, 3, 1)], {"strategy": "batched", "bins_per_step": -2}, "bins per step -2: must be at least 1"),
+        ([(0, 3, 1)], {"even": True}, "give either bin moves or even, not both and not neither"),
+        ([], {}, "give either bin moves or even, not both and not neither"),
+    ],
+)
+def test_a_bad_rebalance_is_refused_by_name_and_moves_nothing(server, moves, options, message):
+    with Client(server.target) as c:
+        with pytest.raises(InvalidArgument, match=message.replace("(", r"\(").replace(")", r"\)")):
+            list(c.rebalance(moves, **options))
+        status = c.status()
+        assert status["bins_per_partition"] == [512, 512]
+        assert status["counters"].get("partition0.migrations", 0) == 0
+
+
+def test_a_window_kept_on_every_partition_refuses_a_rebalance(tmp_path):
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+        c.deploy(
+            "CREATE STREAM ticks (k BIGINT, v BIGINT) PARTITION BY (k);\n"
+            "CREATE TABLE seen (k BIGINT PRIMARY KEY, n BIGINT) PARTITION BY (k);\n"
+            "CREATE WINDOW recent ON ticks ROWS 4 SLIDE 1;\n"
+            "CREATE PROCEDURE tick ON STREAM ticks AS BEGIN\n"
+            "    INSERT INTO seen SELECT k, count(*) FROM recent GROUP BY k ON CONFLICT DO UPDATE SET n = excluded.n;\n"
+            "END;"
+        )
+        with pytest.raises(FailedPrecondition, match="window 'recent' is kept by procedure 'tick'"):
+            list(c.rebalance([(0, 10, 1)]))
+        assert c.status()["bins_per_partition"] == [512, 512]
+
+
+def test_rebalance_needs_an_admin_token(tmp_path):
+    with EmbeddedServer(tmp_path / "data", partitions=2, token="s3cret") as srv:
+        with Client(srv.target, token="wrong", retries=0) as c, pytest.raises(Exception) as refused:
+            list(c.rebalance([(0, 3, 1)]))
+        assert getattr(refused.value, "code", None) == grpc.StatusCode.UNAUTHENTICATED
+        with Client(srv.target, token="s3cret") as c:
+            assert c.status()["bins_per_partition"] == [512, 512]
+            assert list(c.rebalance([(0, 3, 1)]))[-1]["bins_moved"] == 2
