@@ -27,6 +27,7 @@ died), the step is run again at the same timestamp, or found done.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ from streamtx.server.partitioning import PartitionMap
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
 DEFAULT_BINS_PER_STEP = 16
+_FAULT = os.environ.get("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", "").split(":", 1)
+"""Fault injection for tests: `<point>:<path>` kills the front at `point` of a step (`_fault`)."""
 
 
 class Placing(Protocol):
@@ -195,6 +198,7 @@ class Rebalancer:
         # every partition gets the step after the commands before it (an fsync of a small file meanwhile)
         ts = self.sequencer.next_ts()
         self.front.map.save(self.data_dir, (ts, new))
+        _fault("pending")
         self.front.switch_map(ts, new)
         rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new))
         return rows, ts
@@ -228,6 +232,7 @@ class Rebalancer:
                     for p, (names, relations) in sorted(arriving.items())
                 )
             )
+            _fault("prepared")
             await self.coordinator.decide({p.index for p in every}, True, ts)
         except Restarted:
             raise
@@ -237,8 +242,10 @@ class Rebalancer:
             await self.coordinator.undo_everywhere(ts)
             self.supervisor.give_up(f"migration step at timestamp {ts} failed: {e}")
             raise
+        _fault("decided")
         if self.durable:
             await self.partitions[HOME].request(pr.Done(ts))
+        _fault("done")
         await asyncio.to_thread(new.save, self.data_dir)
         return moved
 
@@ -249,3 +256,11 @@ def bins_per_partition(current: PartitionMap) -> list[int]:
     for p in current.owner:
         counts[p] += 1
     return counts
+
+
+def _fault(point: str) -> None:
+    """The front dies here (SIGKILL-like) if told to by `STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION`, once:
+    it creates the named file, and does nothing while it exists."""
+    if len(_FAULT) == 2 and _FAULT[0] == point and not os.path.exists(_FAULT[1]):
+        Path(_FAULT[1]).write_text(f"front died at {point}\n")
+        os._exit(9)

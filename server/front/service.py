@@ -331,6 +331,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             recovery_seconds=st["recovery_seconds"],
             bins=front.map.bins,
             bins_per_partition=bins_per_partition(front.map),
+            bin_owner=front.map.owner,
             rebalancing=_progress(front.rebalancer.running, front.map),
         )
 

@@ -1,0 +1,147 @@
+"""Crashes during a migration: SIGKILLed workers, and a front that dies at each point of a step.
+
+Whatever the point, the server comes back with one map that every row
+agrees with: each balance equals the deposits acked (none lost, none
+applied twice), and lives on the partition its bin's owner names. A step
+cut short is either kept everywhere (its DONE record made it) or dropped
+everywhere; the migration can be issued again and completes.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+from support.partitions import ACCOUNTS, deposits
+from support.processes import wait_dead
+
+from streamtx.client import Client
+from streamtx.errors import StreamTxError
+from streamtx.server.embedded import EmbeddedServer
+from streamtx.server.partitioning import PartitionMap
+
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+
+ACCOUNT_IDS = list(range(1, 150))
+
+
+def deposit_rows(rng: random.Random) -> list[tuple[int, int]]:
+    return [(rng.choice(ACCOUNT_IDS), rng.randint(1, 9)) for _ in range(rng.choice((1, 1, 2)))]
+
+
+def check(c: Client, expected: Counter[int]) -> list[int]:
+    """Balances as acked, each on the partition its bin's owner names; returns the bins per partition."""
+    balances = dict(c.query("SELECT account, balance FROM balances").fetchall())
+    assert balances == dict(expected)
+    status = c.status()
+    counters = status["counters"]
+    rows = [counters.get(f"partition{p}.rows.balances", 0) for p in (0, 1)]
+    assert sum(rows) == len(balances)
+    return status["bins_per_partition"], rows
+
+
+def placed(owner_moves: list[tuple[int, int, int]], accounts: list[int]) -> list[int]:
+    owner = list(PartitionMap.round_robin(2, 1024).owner)
+    for first, last, p in owner_moves:
+        owner[first : last + 1] = [p] * (last - first + 1)
+    found = Counter(PartitionMap(1024, tuple(owner)).owners_of(accounts).tolist())
+    return [found[0], found[1]]
+
+
+def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_nothing(tmp_path):
+    rng = random.Random(7)
+    srv = EmbeddedServer(tmp_path / "data", partitions=2, extra_args=["--max-restarts", "50"]).start()
+    try:
+        with Client(srv.target, producer_id="killed", timeout=120) as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            expected: Counter[int] = Counter()
+            pending = []
+            stop = threading.Event()
+            progress: list[dict] = []
+
+            def migrate() -> None:
+                with Client(srv.target, timeout=120) as admin:
+                    progress.extend(admin.rebalance([(0, 191, 1)], strategy="fluid"))
+                stop.set()
+
+            for _ in range(100):
+                rows = deposit_rows(rng)
+                pending.append((c.push("deposits", deposits(rows)), rows))
+            mover = threading.Thread(target=migrate)
+            mover.start()
+            kills = 0
+            while not stop.is_set():
+                for _ in range(10):
+                    rows = deposit_rows(rng)
+                    pending.append((c.push("deposits", deposits(rows)), rows))
+                if kills < 6 and rng.random() < 0.3:
+                    pids = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
+                    if pids:
+                        victim = rng.choice(pids)
+                        os.kill(victim, 9)
+                        wait_dead([victim], 10)
+                        kills += 1
+                time.sleep(rng.uniform(0.05, 0.3))
+            mover.join()
+            for fut, rows in pending:
+                result = fut.result(timeout=120)
+                assert result.outcome == "committed", result
+                for account, amount in rows:
+                    expected[account] += amount
+            assert kills >= 1
+            assert progress[-1]["bins_moved"] == 96 and progress[-1]["step"] == 96
+            shape, rows = check(c, expected)
+            assert shape == [512 - 96, 512 + 96]
+            assert rows == placed([(0, 191, 1)], sorted(expected))
+            assert c.status()["counters"]["restarts"] >= 1
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("point", ["pending", "prepared", "decided", "done"])
+def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration_completes(
+    tmp_path, monkeypatch, point
+):
+    data = tmp_path / "data"
+    marker = tmp_path / "died"
+    monkeypatch.setenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", f"{point}:{marker}")
+    rng = random.Random(point)
+    expected: Counter[int] = Counter()
+    srv = EmbeddedServer(data, partitions=2).start()
+    try:
+        with Client(srv.target, producer_id="before", timeout=60) as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            sent = [deposit_rows(rng) for _ in range(200)]
+            for fut, rows in [(c.push("deposits", deposits(rows)), rows) for rows in sent]:
+                assert fut.result(timeout=60).outcome == "committed"
+                for account, amount in rows:
+                    expected[account] += amount
+            with pytest.raises(StreamTxError):
+                list(c.rebalance([(0, 255, 1)]))
+        assert marker.exists()
+        srv.proc.wait(timeout=30)
+    finally:
+        srv.close()
+    monkeypatch.delenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION")
+    moved = point == "done"  # the step's DONE made it to the home partition's log
+    with EmbeddedServer(data, partitions=None) as again, Client(again.target, producer_id="after") as c:
+        shape, rows = check(c, expected)
+        moves = [(0, 255, 1)] if moved else []
+        assert shape == ([512 - 128, 512 + 128] if moved else [512, 512])
+        assert rows == placed(moves, sorted(expected))
+        steps = list(c.rebalance([(0, 255, 1)]))  # issued again: what is left moves
+        assert steps[-1]["bins_moved"] == (0 if moved else 128)
+        for _ in range(50):
+            rows_ = deposit_rows(rng)
+            assert c.push("deposits", deposits(rows_)).result(timeout=60).outcome == "committed"
+            for account, amount in rows_:
+                expected[account] += amount
+        shape, rows = check(c, expected)
+        assert shape == [512 - 128, 512 + 128]
+        assert rows == placed([(0, 255, 1)], sorted(expected))
