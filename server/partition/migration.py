@@ -9,8 +9,11 @@ left open between the front's rounds like a coordinated TE's:
    another partition are deleted here and returned, grouped by their new
    partition;
 2. `MigrateIn`: the rows other partitions gave up for this one are inserted;
-3. `Decide`: commit (the new map installed, the caches derived from the old
-   one dropped) or roll back.
+3. `Decide`: commit (the new map installed) or roll back.
+
+The working set's rows of the tables that move are written back and dropped
+before the step's SQL touches them, as before any statement DuckDB runs
+(`StateStore.barrier`), inside the transaction: a rollback restores them.
 
 What moves is the rows of tables `PARTITION BY` a column, and with them the
 views over those tables (recomputed on both sides). Stored stream tuples
@@ -132,7 +135,9 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     con = eng.con
     parts: list[tuple[int, str]] = []
     out: list[pa.Table] = []
-    for table, column in moving_tables(eng.catalog):
+    moving = moving_tables(eng.catalog)
+    eng.state.barrier(frozenset(t for t, _ in moving))  # the working set's rows of them go: SQL changes them
+    for table, column in moving:
         keys = con.execute(f"SELECT rowid AS {_ROWID}, {quote(column)} FROM {quote(table)}").to_arrow_table()
         if keys.num_rows == 0:
             continue
@@ -164,6 +169,7 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
 def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:
     """Inserts (in the open transaction) rows that moved here, table by table."""
     con = eng.con
+    eng.state.barrier(frozenset(names))
     for table, rows in zip(names, tables, strict=True):
         if rows.num_rows == 0:
             continue
@@ -178,9 +184,9 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
 
 
 def install_map(eng: Engine, partition_map: str) -> None:
-    """The new map becomes this partition's; everything derived from the old one (the working set's rows,
-    known owners, window and ranking caches) is rebuilt from DuckDB, as after a deploy."""
-    eng.install(eng.catalog, [], partition_map)
+    """The new map becomes this partition's (what was derived from the old one, the owners known per
+    key, is keyed by the map and goes with it; the moved tables' cached rows went at `barrier`)."""
+    eng.map = PartitionMap.from_json(partition_map)
 
 
 def replay(eng: Engine, ts: int, head: dict, tables: list[pa.Table]) -> None:

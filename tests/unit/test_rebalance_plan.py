@@ -1,0 +1,77 @@
+"""Planning a migration (server/front/rebalance.py): the target map and the steps that reach it."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streamtx.errors import InvalidArgument
+from streamtx.server.front.rebalance import BinMove, even_owner, plan, target_owner
+from streamtx.server.partitioning import PartitionMap
+
+
+@st.composite
+def maps(draw: st.DrawFn) -> PartitionMap:
+    partitions = draw(st.integers(1, 5))
+    bins = draw(st.integers(partitions, 64))
+    owner = draw(st.lists(st.integers(0, partitions - 1), min_size=bins, max_size=bins))
+    owner[:partitions] = range(partitions)  # every partition owns a bin, as a server's map does
+    return PartitionMap(bins, tuple(owner))
+
+
+@settings(max_examples=300, deadline=None)
+@given(current=maps())
+def test_even_spreads_bins_within_one_and_moves_only_the_surplus(current):
+    target = even_owner(current)
+    counts = Counter(target)
+    assert max(counts.values()) - min(counts.values()) <= 1 and len(counts) == current.partitions
+    moved = sum(a != b for a, b in zip(current.owner, target, strict=True))
+    before = Counter(current.owner)
+    quota = sorted(counts.values(), reverse=True)
+    biggest_first = sorted(before.values(), reverse=True)
+    assert moved == sum(max(0, have - want) for have, want in zip(biggest_first, quota, strict=True))
+    assert even_owner(PartitionMap(current.bins, target)) == target  # even is a fixed point
+
+
+@settings(max_examples=300, deadline=None)
+@given(current=maps(), data=st.data())
+def test_steps_move_each_bin_once_to_its_target_at_most_k_a_step(current, data):
+    target = tuple(
+        data.draw(st.lists(st.integers(0, current.partitions - 1), min_size=current.bins, max_size=current.bins))
+    )
+    strategy = data.draw(st.sampled_from(["all-at-once", "fluid", "batched"]))
+    k = data.draw(st.integers(1, 10))
+    steps = plan(current, target, strategy, k)
+    moving = sum(a != b for a, b in zip(current.owner, target, strict=True))
+    size = {"all-at-once": max(moving, 1), "fluid": 1, "batched": k}[strategy]
+    assert len(steps) == -(-moving // size)
+    before = current.owner
+    for step in steps:
+        changed = [b for b in range(current.bins) if step.owner[b] != before[b]]
+        assert 1 <= len(changed) <= size
+        assert all(step.owner[b] == target[b] for b in changed)
+        before = step.owner
+    assert before == target
+
+
+def test_moves_name_ranges_and_later_moves_win():
+    current = PartitionMap.round_robin(2, 8)
+    assert target_owner(current, [BinMove(0, 3, 1), BinMove(2, 2, 0)], even=False) == (1, 1, 0, 1, 0, 1, 0, 1)
+
+
+@pytest.mark.parametrize(
+    "moves, even, message",
+    [
+        ([BinMove(0, 8, 1)], False, "bins 0..8: bins are 0..7"),
+        ([BinMove(3, 2, 1)], False, "bins 3..2: bins are 0..7"),
+        ([BinMove(0, 1, 2)], False, "partition 2: the server has partitions 0..1"),
+        ([], False, "either bin moves or even"),
+        ([BinMove(0, 1, 1)], True, "either bin moves or even"),
+    ],
+)
+def test_bad_moves_are_refused_by_name(moves, even, message):
+    with pytest.raises(InvalidArgument, match=message):
+        target_owner(PartitionMap.round_robin(2, 8), moves, even)
