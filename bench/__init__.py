@@ -35,6 +35,7 @@ VERBS: dict[str, str] = {
     "ipc": "streamtx.bench.ipc",
     "recovery": "streamtx.bench.recovery",
     "overload": "streamtx.bench.overload",
+    "migration": "streamtx.bench.migration",
 }
 
 

@@ -40,14 +40,12 @@ from streamtx.errors import FailedPrecondition, Internal
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
-from streamtx.server.catalog.placement import PARTITIONED, SINGLE
+from streamtx.server.catalog.placement import PARTITIONED, SINGLE, owner_filter
 from streamtx.server.partitioning import PartitionMap
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
     from streamtx.server.partition.journal import Journal
-
-_ROWID = "__streamtx_rowid"
 
 
 def unmovable(catalog: Catalog) -> str | None:
@@ -128,39 +126,35 @@ class Migration:
 
 def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]], list[pa.Table]]:
     """Deletes (in the open transaction) the rows of partitioned tables `new` places elsewhere; returns
-    them as (partition, table) and one relation each, in a deterministic order."""
+    them as (partition, table) and one relation each, in a deterministic order.
+
+    One `DELETE ... RETURNING` per table, filtered by the partition's owner
+    function judging by `new` (the bin is computed from the key, vectorized,
+    not stored): a scan of the key column, and only the leaving rows read.
+    """
     reason = unmovable(eng.catalog)
     if reason is not None:
         raise FailedPrecondition(f"rebalance: {reason}")
-    con = eng.con
+    moving = moving_tables(eng.catalog)
+    eng.state.barrier(frozenset(t for t, _ in moving), keep_index=True)  # SQL changes them: rows go
     parts: list[tuple[int, str]] = []
     out: list[pa.Table] = []
-    moving = moving_tables(eng.catalog)
-    eng.state.barrier(frozenset(t for t, _ in moving))  # the working set's rows of them go: SQL changes them
-    for table, column in moving:
-        keys = con.execute(f"SELECT rowid AS {_ROWID}, {quote(column)} FROM {quote(table)}").to_arrow_table()
-        if keys.num_rows == 0:
-            continue
-        owners = new.owners(keys.column(1))
-        leaving = owners != eng.partition
-        if not leaving.any():
-            continue
-        ids = pa.table({_ROWID: keys.column(0).filter(pa.array(leaving))})
-        columns = ", ".join(quote(c) for c in _stored_columns(eng, table))
-        con.register("__streamtx_leaving", ids)
-        try:
-            rows = con.execute(
-                f"SELECT rowid AS {_ROWID}, {columns} FROM {quote(table)} "
-                f"WHERE rowid IN (SELECT {_ROWID} FROM __streamtx_leaving) ORDER BY rowid"
+    before, eng.map = eng.map, new  # the owner function judges by `new` for these statements
+    try:
+        for table, column in moving:
+            mine = owner_filter(eng.catalog.table_key_types[table])
+            rows = eng.con.execute(
+                f"DELETE FROM {quote(table)} WHERE NOT {mine}({quote(column)}) RETURNING *"
             ).to_arrow_table()
-            con.execute(f"DELETE FROM {quote(table)} WHERE rowid IN (SELECT {_ROWID} FROM __streamtx_leaving)")
-        finally:
-            con.unregister("__streamtx_leaving")
-        dest = new.owners(rows.column(column))
-        rows = rows.drop_columns([_ROWID])
-        for p in sorted(set(dest.tolist())):
-            parts.append((p, table))
-            out.append(rows.filter(pa.array(dest == p)))
+            if rows.num_rows == 0:
+                continue
+            rows = rows.select(_stored_columns(eng, table))
+            dest = new.owners(rows.column(column))
+            for p in sorted(set(dest.tolist())):
+                parts.append((p, table))
+                out.append(rows.filter(pa.array(dest == p)))
+    finally:
+        eng.map = before
     if parts:
         eng.state.refresh_views(frozenset(t for _, t in parts))
     return parts, out
@@ -169,7 +163,7 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
 def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:
     """Inserts (in the open transaction) rows that moved here, table by table."""
     con = eng.con
-    eng.state.barrier(frozenset(names))
+    eng.state.barrier(frozenset(names), keep_index=True)
     for table, rows in zip(names, tables, strict=True):
         if rows.num_rows == 0:
             continue
@@ -179,6 +173,7 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
             con.execute(f"INSERT INTO {quote(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived")
         finally:
             con.unregister("__streamtx_arrived")
+        eng.state.index_keys(table, rows)
     if names:
         eng.state.refresh_views(frozenset(names))
 

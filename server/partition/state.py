@@ -667,14 +667,16 @@ class StateStore:
         collist = ", ".join(quote(c) for c in cols)
         self.engine.con.execute(f"{verb} INTO {quote(table)} ({collist}) SELECT {collist} FROM {name}")
 
-    def barrier(self, writes: frozenset[str] | None = None) -> None:
+    def barrier(self, writes: frozenset[str] | None = None, keep_index: bool = False) -> None:
         """Before SQL that may read or write the tables: write everything back, then forget what it may change.
 
         `writes` names the tables the statement may write (None: any); the
         rows held of the others stay valid, as DuckDB holds them too.
+        `keep_index`: the statements only delete rows, or insert rows whose
+        keys the caller adds (`index_keys`): the key sets stay supersets.
         """
         writes = self._with_views(writes)
-        if writes is None or writes:
+        if not keep_index and (writes is None or writes):
             self.index.forget(writes)
         if self.ws.rows or self.pending or self.engine.windows.dirty():
             self.flush()
@@ -684,6 +686,16 @@ class StateStore:
             self.ws.clear()
         elif writes:
             self.ws.drop(writes)
+
+    def index_keys(self, table: str, rows: pa.Table) -> None:
+        """Rows with these keys were inserted by SQL: the table's key set (if held) takes them."""
+        cols = self.key_columns.get(table)
+        if cols is None or table not in self.index.keys:
+            return
+        if len(cols) == 1:
+            self.index.add(table, rows.column(cols[0]).to_pylist())
+        else:
+            self.index.add(table, zip(*(rows.column(c).to_pylist() for c in cols), strict=True))
 
     def flush(self) -> None:
         """Writes everything held back, inside the open transaction: dirty rows, retained outputs, trims, marks.
