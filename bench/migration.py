@@ -62,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keys-per-batch", type=int, default=1, help="keys per batch (default %(default)s)")
     parser.add_argument("--bins-per-step", type=int, default=16, help="bins a batched step moves (default %(default)s)")
     parser.add_argument("--steady", type=float, default=None, help="seconds of steady state around each migration")
+    parser.add_argument("--bins", type=int, default=None, help="the server's bins (default 1024; --quick 256)")
 
 
 class Producer:
@@ -143,7 +144,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
     ):
         producer = Producer(client, keys, args.keys_per_batch, args.rate, seed=len(strategy))
         task = asyncio.create_task(producer.run())
-        await asyncio.sleep(WARMUP_S)  # connections, code paths and caches warm: not measured
+        await asyncio.sleep(min(WARMUP_S, steady))  # connections, code paths and caches warm: not measured
         t0 = time.monotonic()
         spans: list[tuple[float, float]] = []
         steps = rows = 0
@@ -194,7 +195,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from streamtx.server.embedded import EmbeddedServer
 
     keys = args.keys or (100_000 if args.quick else 1_000_000)
-    bins = 256 if args.quick else 1024
+    bins = args.bins or (256 if args.quick else 1024)
     steady = args.steady if args.steady is not None else (2.0 if args.quick else 4.0)
     lines: list[dict[str, Any]] = []
     pushed: Counter[int] = Counter()

@@ -40,7 +40,7 @@ from streamtx.errors import FailedPrecondition, Internal
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
-from streamtx.server.catalog.placement import PARTITIONED, SINGLE, owner_filter
+from streamtx.server.catalog.placement import PARTITIONED, SINGLE
 from streamtx.server.partitioning import PartitionMap
 
 if TYPE_CHECKING:
@@ -128,33 +128,36 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     """Deletes (in the open transaction) the rows of partitioned tables `new` places elsewhere; returns
     them as (partition, table) and one relation each, in a deterministic order.
 
-    One `DELETE ... RETURNING` per table, filtered by the partition's owner
-    function judging by `new` (the bin is computed from the key, vectorized,
-    not stored): a scan of the key column, and only the leaving rows read.
+    The bin is computed from the key, not stored: each table's key column is
+    read once and hashed in one vectorized pass (a DuckDB function would be
+    called per 2,048 rows, ten times slower), then one `DELETE ... RETURNING`
+    takes out the leaving rows by row id.
     """
     reason = unmovable(eng.catalog)
     if reason is not None:
         raise FailedPrecondition(f"rebalance: {reason}")
     moving = moving_tables(eng.catalog)
     eng.state.barrier(frozenset(t for t, _ in moving), keep_index=True)  # SQL changes them: rows go
+    con = eng.con
     parts: list[tuple[int, str]] = []
     out: list[pa.Table] = []
-    before, eng.map = eng.map, new  # the owner function judges by `new` for these statements
-    try:
-        for table, column in moving:
-            mine = owner_filter(eng.catalog.table_key_types[table])
-            rows = eng.con.execute(
-                f"DELETE FROM {quote(table)} WHERE NOT {mine}({quote(column)}) RETURNING *"
+    for table, column in moving:
+        keys = con.sql(f"SELECT rowid, {quote(column)} FROM {quote(table)}").to_arrow_table()
+        leaving = new.owners(keys.column(1)) != eng.partition
+        if not leaving.any():
+            continue
+        con.register("__streamtx_leaving", pa.table({"id": keys.column(0).filter(pa.array(leaving))}))
+        try:
+            rows = con.sql(
+                f"DELETE FROM {quote(table)} WHERE rowid IN (SELECT id FROM __streamtx_leaving) RETURNING *"
             ).to_arrow_table()
-            if rows.num_rows == 0:
-                continue
-            rows = rows.select(_stored_columns(eng, table))
-            dest = new.owners(rows.column(column))
-            for p in sorted(set(dest.tolist())):
-                parts.append((p, table))
-                out.append(rows.filter(pa.array(dest == p)))
-    finally:
-        eng.map = before
+        finally:
+            con.unregister("__streamtx_leaving")
+        rows = rows.select(_stored_columns(eng, table))
+        dest = new.owners(rows.column(column))
+        for p in sorted(set(dest.tolist())):
+            parts.append((p, table))
+            out.append(rows.filter(pa.array(dest == p)))
     if parts:
         eng.state.refresh_views(frozenset(t for _, t in parts))
     return parts, out

@@ -196,6 +196,24 @@ def test_bench_growth_small_run_checks_each_level_against_the_reference(capsys):
     assert RATIO_KEYS <= last.keys() and last["target"] == 0.8 and last["levels"] == [100, 2000]
 
 
+def test_bench_migration_small_run_moves_a_quarter_out_and_back_and_checks_every_count(tmp_path, capsys):
+    png = tmp_path / "migration.png"
+    args = ["migration", "--quick", "--quiet", "--keys", "3000", "--bins", "32", "--steady", "0.3", "--rate", "100"]
+    assert main([*args, "--bins-per-step", "4", "--plot", str(png)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = {line["strategy"]: line for line in lines if "strategy" in line}
+    assert sorted(runs) == ["all-at-once", "batched", "fluid"]
+    assert {s: r["steps"] for s, r in runs.items()} == {"all-at-once": 2, "fluid": 16, "batched": 4}
+    assert all(r["matches_reference"] and r["bins_moved"] == 8 for r in runs.values())
+    assert all(r["rows_moved"] > 0 for r in runs.values())
+    ratios = [line for line in lines if "ratio" in line]
+    assert [r["numerator"].split(",")[0] for r in ratios] == [
+        "max ack latency while migrating",
+        "batches/s acked while migrating",
+    ]
+    assert png.stat().st_size > 0
+
+
 def test_a_broken_verb_does_not_take_the_others_down(monkeypatch, capsys):
     import streamtx.bench as bench
 
