@@ -15,6 +15,11 @@ step, so how long the stream stalls is bounded by what one step moves:
 - `fluid`: one bin per step;
 - `batched`: `bins_per_step` bins per step.
 
+Between two steps the migration waits as long as the last step took, so
+the commands that queued behind it run before the next step: the stream
+then stalls for one step at a time, at the cost of the migration lasting
+about twice as long as its steps.
+
 Durability: the data directory's map file names the step's new map as
 pending before the step starts, and as the map once the home partition
 logged the step DONE; each partition logs its part (MIGRATE) when it
@@ -49,6 +54,9 @@ from streamtx.server.partitioning import PartitionMap
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
 DEFAULT_BINS_PER_STEP = 16
+MAX_PAUSE_S = 1.0
+"""Between two steps the migration pauses as long as the last step took (at most this): the commands
+that queued behind a step run before the next one stops them again, so a step's stall does not add up."""
 _FAULT = os.environ.get("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", "").split(":", 1)
 """Fault injection for tests: `<point>:<path>` kills the front at `point` of a step (`_fault`)."""
 
@@ -181,9 +189,12 @@ class Rebalancer:
             self.running = progress
             try:
                 yield progress
-                for new in maps:
+                for i, new in enumerate(maps):
                     before = self.front.map
+                    started = time.monotonic()
                     rows, ts = await self.step(new)
+                    if i + 1 < len(maps):  # what queued behind the step runs before the next one
+                        await asyncio.sleep(min(time.monotonic() - started, MAX_PAUSE_S))
                     progress.step += 1
                     progress.bins_moved += sum(a != b for a, b in zip(before.owner, new.owner, strict=True))
                     progress.rows_moved += rows
