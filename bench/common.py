@@ -400,11 +400,7 @@ def plot_bars(
     ax.set_ylabel(ylabel)
     ax.grid(axis="y", alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_lines(
@@ -434,10 +430,16 @@ def plot_lines(
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: str | Path) -> Path:
+    """Writes a finished figure as a PNG (its folder made if need be), closes it, returns where."""
     fig.tight_layout()
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
     return path
 
 

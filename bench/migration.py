@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .common import latency_summary, progress, ratio_line, round_sig
+from .common import latency_summary, progress, ratio_line, round_sig, save_figure
 
 NAME = "migration"
 STRATEGIES = ("all-at-once", "fluid", "batched")
@@ -273,9 +273,4 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds (shaded: migrating 25% of the state out, then back)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .common import latency_summary, note, progress, ratio_line
+from .common import latency_summary, note, progress, ratio_line, save_figure
 
 NAME = "overload"
 DEFAULT_ROUNDS = 1
@@ -266,9 +266,4 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
     mem.set_title("4 producers pushing as fast as they can, 2 partitions")
     for ax in (mem, lat):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -64,6 +64,7 @@ from .common import (
     push_batches,
     ratio_line,
     round_sig,
+    save_figure,
 )
 
 if TYPE_CHECKING:
@@ -659,8 +660,4 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         right.set_title("Cost of multi-partition transactions (sensors, P = 2)")
         right.grid(alpha=0.3)
         right.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -36,6 +36,7 @@ from .common import (
     push_batches,
     ratio_line,
     round_sig,
+    save_figure,
 )
 from .triggers import pe_script
 
@@ -249,8 +250,4 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         ax.legend(fontsize=8)
     left.set_title("throughput under command logging")
     right.set_title("recovery: replaying the log of the input batches")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -9,6 +9,7 @@ votes, which return to their phones.
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -112,3 +113,28 @@ def vote_batch(votes: list[tuple[int, int, int]]) -> pa.Table:
             "contestant_number": pa.array([v[2] for v in votes], pa.int32()),
         }
     )
+
+
+def voter_configs() -> st.SearchStrategy[VoterConfig]:
+    """Small voters: few contestants and votes per phone, frequent deletions, short windows."""
+    return st.builds(
+        VoterConfig,
+        contestants=st.integers(2, 5),
+        max_votes=st.integers(1, 3),
+        delete_every=st.integers(2, 9),
+        window=st.integers(2, 12),
+        slide=st.integers(1, 3),
+    ).filter(lambda c: c.slide <= c.window)  # a window slides by at most its size
+
+
+def assert_matches(client: Any, oracle: Oracle, queries: Mapping[str, str], futures: Sequence[Any]) -> None:
+    """Every pushed batch committed cleanly, and the server's tables, rejections and deletions are the oracle's."""
+    acks = [f.result() for f in futures]
+    assert all(a.outcome == "committed" and not a.reason for a in acks), [(a.outcome, a.reason) for a in acks]
+    expected = oracle.tables()
+    for name, sql in queries.items():
+        assert client.query(sql).fetchall() == expected[name], name
+    rejected = client.query("SELECT vote_id, reason FROM rejected_votes ORDER BY vote_id").fetchall()
+    deletions = client.query("SELECT contestant_number, removed_votes FROM deletions ORDER BY __ts").fetchall()
+    assert rejected == sorted(oracle.rejected)
+    assert deletions == oracle.deletions
