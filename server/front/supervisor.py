@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 
@@ -93,10 +94,11 @@ class Supervisor:
         self.on_health(False)
         self._task = asyncio.create_task(self._restart(dead.error or f"partition {dead.index} died"))
 
-    async def _restart(self, cause: str) -> None:
+    async def _restart(self, death: str) -> None:
         self.gate.hold()
+        cause = death
         try:
-            while True:
+            for attempt in itertools.count(1):
                 refusal = self._refusal(cause)
                 if refusal is not None:
                     self.give_up(refusal)
@@ -107,7 +109,7 @@ class Supervisor:
                 try:
                     await self._bring_up()
                 except (StreamTxError, OSError) as e:
-                    cause = f"recovery after {cause} failed: {e}"
+                    cause = f"{death}; recovery attempt {attempt} failed: {e}"
                     await asyncio.sleep(0.2 * len(self.restarts))
                     continue
                 break
@@ -129,6 +131,11 @@ class Supervisor:
         spawned = [spawn_worker(p.index, self.config) for p in parts]
         await self.partitions.attach(spawned)
         self.done = await self.recover()
+        # a worker that died after answering its last recovery request failed nothing, and its death,
+        # seen while no one watched, restarts nothing: replayed requests would wait on it for ever
+        lost = [p.index for p in parts if not p.alive]
+        if lost:
+            raise Unavailable(f"partition {lost[0]} died during recovery")
 
     def _refusal(self, cause: str) -> str | None:
         config = self.config

@@ -53,8 +53,8 @@ def placed(owner_moves: list[tuple[int, int, int]], accounts: list[int]) -> list
 
 
 def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_nothing(tmp_path):
-    """A worker is killed only while both serve: killing one during the recovery of the last kill left the
-    migration waiting for ever once (a full CI run, 2026-11-28; not understood yet, see the closing note)."""
+    """Ten kills, at any moment: under a step, between steps, and during the recovery from the last kill
+    (a worker dying after answering its last recovery request once left the server waiting on it for ever)."""
     rng = random.Random(7)
     srv = EmbeddedServer(tmp_path / "data", partitions=2, extra_args=["--max-restarts", "50"]).start()
     try:
@@ -81,21 +81,20 @@ def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_n
                 for _ in range(10):
                     rows = deposit_rows(rng)
                     pending.append((c.push("deposits", deposits(rows)), rows))
-                status = c.status()
-                serving = all(p.get("alive") and not p.get("error") for p in status["partitions"])
-                if kills < 4 and serving and rng.random() < 0.3:  # one restart at a time (see the note below)
-                    victim = rng.choice([p["pid"] for p in status["partitions"]])
+                live = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
+                if kills < 10 and live and rng.random() < 0.4:
+                    victim = rng.choice(live)
                     os.kill(victim, 9)
                     wait_dead([victim], 10)
                     kills += 1
-                time.sleep(rng.uniform(0.05, 0.3))
+                time.sleep(rng.uniform(0.02, 0.3))
             mover.join()
             for fut, rows in pending:
                 result = fut.result(timeout=120)
                 assert result.outcome == "committed", result
                 for account, amount in rows:
                     expected[account] += amount
-            assert kills >= 1
+            assert kills == 10
             assert progress[-1]["bins_moved"] == 64 and progress[-1]["step"] == 64
             shape, rows = check(c, expected)
             assert shape == [512 - 64, 512 + 64]
