@@ -136,6 +136,8 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     reason = unmovable(eng.catalog)
     if reason is not None:
         raise FailedPrecondition(f"rebalance: {reason}")
+    if not gives_bins(eng.map, new, eng.partition):
+        return [], []  # a partition holds rows of its own bins only: none leaves, no table need be read
     moving = moving_tables(eng.catalog)
     eng.state.barrier(frozenset(t for t, _ in moving), keep_index=True)  # SQL changes them: rows go
     con = eng.con
@@ -161,6 +163,13 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     if parts:
         eng.state.refresh_views(frozenset(t for _, t in parts))
     return parts, out
+
+
+def gives_bins(old: PartitionMap, new: PartitionMap, partition: int) -> bool:
+    """Whether `new` takes a bin `old` gives `partition` (True when the maps are not comparable)."""
+    if old.bins != new.bins:
+        return True
+    return any(o == partition != n for o, n in zip(old.owner, new.owner, strict=True))
 
 
 def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from streamtx.errors import InvalidArgument
 from streamtx.server.front.rebalance import BinMove, even_owner, plan, target_owner
+from streamtx.server.partition.migration import gives_bins
 from streamtx.server.partitioning import PartitionMap
 
 
@@ -75,3 +76,15 @@ def test_moves_name_ranges_and_later_moves_win():
 def test_bad_moves_are_refused_by_name(moves, even, message):
     with pytest.raises(InvalidArgument, match=message):
         target_owner(PartitionMap.round_robin(2, 8), moves, even)
+
+
+@settings(max_examples=200, deadline=None)
+@given(current=maps(), data=st.data())
+def test_only_a_partition_whose_bins_go_elsewhere_reads_its_tables_in_a_step(current, data):
+    """A step's other partitions skip the scan for leaving rows: they hold rows of their own bins only."""
+    step = plan(current, even_owner(current), "fluid", 1)
+    new = data.draw(st.sampled_from(step)) if step else current
+    for p in range(current.partitions):
+        expected = any(a == p and b != p for a, b in zip(current.owner, new.owner, strict=True))
+        assert gives_bins(current, new, p) == expected
+    assert gives_bins(PartitionMap.round_robin(1, new.bins + 1), new, 0)  # maps of other bins: read, to be safe
