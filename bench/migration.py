@@ -1,4 +1,4 @@
-"""Live migration: ack latency while 25% of the state moves and back, all-at-once vs fluid vs batched.
+"""Live migration: ack latency while a quarter of the state moves and back, all-at-once vs fluid vs batched.
 
 One embedded server of two partitions keeps a count per key (a key-count
 state machine, `counts` partitioned by key) over `--keys` keys, loaded before

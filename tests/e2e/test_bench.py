@@ -122,6 +122,18 @@ def test_cli_forwards_bench_arguments(capsys):
     assert "--quick" in capsys.readouterr().out
 
 
+def test_bench_help_lists_every_verb(capsys):
+    """argparse formats each verb's one-line help with %: a literal percent sign in one broke them all."""
+    from streamtx.bench import VERBS
+    from streamtx.cli import main as cli_main
+
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["bench", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert all(verb in out for verb in VERBS)
+
+
 # -- bench push --quick, end to end --------------------------------------------------------
 
 
