@@ -490,15 +490,27 @@ def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.Chun
     return cast
 
 
+def _validate(col: pa.ChunkedArray) -> None:
+    """Arrow's full validation, with times as their numbers: it refuses 24:00:00, which is a TIME (DuckDB
+    keeps it; `_check_times` checks the range)."""
+    leaf = col.type
+    while _is_list(leaf):
+        leaf = leaf.value_type
+    if pa.types.is_time(leaf):
+        col.validate()
+        col = col.cast(_plain(col.type))
+    col.validate(full=True)
+
+
 def _check_valid(col: pa.ChunkedArray, column: str, what: str) -> None:
     """Arrow IPC carries whatever bytes a client wrote: text that is not UTF-8 (DuckDB fails on it once the
     batch has committed) or a decimal beyond its precision (DuckDB wraps it) is refused, naming its row."""
     try:
-        col.validate(full=True)
+        _validate(col)
     except pa.ArrowInvalid as e:
         for r in range(len(col)):
             try:
-                pa.concat_arrays(col.slice(r, 1).chunks).validate(full=True)
+                _validate(pa.chunked_array(col.slice(r, 1).chunks, col.type))
             except pa.ArrowInvalid:
                 raise InvalidArgument(f"{what}: column {column!r} row {r}: invalid {sql_name(col.type)}: {e}") from None
         raise InvalidArgument(f"{what}: column {column!r}: invalid {sql_name(col.type)}: {e}") from None

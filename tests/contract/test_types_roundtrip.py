@@ -756,3 +756,16 @@ def test_arrow_bytes_that_are_not_a_value_of_the_type_are_refused(srv, name, col
     assert srv.arrow.query(
         f"SELECT count(*) FROM t_{name} WHERE k >= $k", {"k": min(data["k"].to_pylist())}
     ).fetchall() == [(0,)]
+
+
+def test_arrow_time_of_24_00_00_is_stored_and_one_microsecond_more_is_refused(srv):
+    """Arrow's own validation refuses a time64 of a whole day, which DuckDB keeps as TIME '24:00:00' (and
+    which the protobuf rows path takes): the Arrow path takes it too."""
+    keys = [next(srv.keys), next(srv.keys)]
+    day = pa.table({"k": pa.array(keys, pa.int64()), "v": pa.array([DAY_US, 0], pa.time64("us"))})
+    assert srv.arrow.push("t_time", day).result(timeout=60).outcome == "committed"
+    got = srv.arrow.query("SELECT k, CAST(v AS VARCHAR) FROM t_time WHERE k >= $k ORDER BY k", {"k": keys[0]})
+    assert got.fetchall() == [(keys[0], "24:00:00"), (keys[1], "00:00:00")]
+    beyond = pa.table({"k": pa.array([next(srv.keys)], pa.int64()), "v": pa.array([DAY_US + 1], pa.time64("us"))})
+    result = srv.arrow.push("t_time", beyond).result(timeout=60)
+    assert result.outcome == "rejected" and "column 'v' row 0" in result.reason, result
