@@ -352,21 +352,26 @@ class AsyncClient:
         moves: Sequence[tuple[int, int, int]] = (),
         *,
         even: bool = False,
-        strategy: str = "all-at-once",
-        bins_per_step: int = 16,
+        strategy: str | None = None,
+        bins_per_step: int | None = None,
+        resume: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
         """Admin: moves bins (first, last, partition) between partitions, or spreads them `even`ly,
         while the server runs; yields the progress before the first step and after each.
 
-        `strategy`: "all-at-once" (one step), "fluid" (a bin per step) or
-        "batched" (`bins_per_step` per step). Each step is atomic and durable;
-        leaving the iteration early stops after the step under way.
+        `strategy`: "all-at-once" (one step, the default), "fluid" (a bin per
+        step) or "batched" (`bins_per_step` per step, 16 by default). Each step
+        is atomic and durable; leaving the iteration early stops after the step
+        under way, and the migration is then interrupted (Status
+        `rebalance_interrupted`, kept across restarts): `resume=True` finishes
+        it, with its strategy unless one is given.
         """
         request = pb.RebalanceRequest(
             moves=[pb.BinMove(first_bin=f, last_bin=la, partition=p) for f, la, p in moves],
             even=even,
-            strategy=strategy,
-            bins_per_step=bins_per_step,
+            strategy=strategy or "",
+            bins_per_step=bins_per_step or 0,
+            resume=resume,
         )
         call = self._ensure_stub().Rebalance(request, metadata=self._metadata)
         try:

@@ -145,11 +145,14 @@ class Client:
         moves: Sequence[tuple[int, int, int]] = (),
         *,
         even: bool = False,
-        strategy: str = "all-at-once",
-        bins_per_step: int = 16,
+        strategy: str | None = None,
+        bins_per_step: int | None = None,
+        resume: bool = False,
     ) -> Iterator[dict[str, Any]]:
         """Admin: moves bins between partitions while the server runs; see AsyncClient.rebalance."""
-        return self._iterate(self._async.rebalance(moves, even=even, strategy=strategy, bins_per_step=bins_per_step))
+        return self._iterate(
+            self._async.rebalance(moves, even=even, strategy=strategy, bins_per_step=bins_per_step, resume=resume)
+        )
 
     def status(self) -> dict[str, Any]:
         """Server status as a plain dict."""

@@ -222,13 +222,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="bins FIRST..LAST (inclusive) go to partition P; repeatable",
     )
     what.add_argument("--even", action="store_true", help="as many bins on every partition as can be")
+    what.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the migration that stopped before its target (status shows it), with its strategy "
+        "unless --strategy is given",
+    )
     p.add_argument(
         "--strategy",
         choices=("all-at-once", "fluid", "batched"),
-        default="all-at-once",
-        help="one step; one bin per step; --bins-per-step bins per step (default %(default)s)",
+        help="one step; one bin per step; --bins-per-step bins per step (default all-at-once)",
     )
-    p.add_argument("--bins-per-step", type=int, default=16, help="bins a batched step moves (default %(default)s)")
+    p.add_argument("--bins-per-step", type=int, help="bins a batched step moves (default 16)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
 
     sub.add_parser(
@@ -554,7 +559,9 @@ def _cmd_rebalance(args: argparse.Namespace) -> int:
     last: dict[str, Any] = {}
     with Client(args.target, **_client_kwargs(args)) as c, progress:
         task = None
-        steps = c.rebalance(moves, even=args.even, strategy=args.strategy, bins_per_step=args.bins_per_step)
+        steps = c.rebalance(
+            moves, even=args.even, strategy=args.strategy, bins_per_step=args.bins_per_step, resume=args.resume
+        )
         for last in steps:
             if task is None:
                 task = progress.add_task("rebalance", total=last.get("bins_total", 0), step=0, steps=0, rows=0)
@@ -594,6 +601,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
             "rebalancing",
             f"step {moving.get('step', 0)}/{moving.get('steps', 0)}, {moving.get('bins_moved', 0)}/"
             f"{moving.get('bins_total', 0)} bins, {moving.get('rows_moved', 0):,} rows moved",
+        )
+    stopped = status.get("rebalance_interrupted") or {}
+    if stopped.get("bins_left"):
+        summary.add_row(
+            "rebalance interrupted",
+            f"{stopped['bins_left']} bins still to move ({stopped.get('strategy', '')}); "
+            "`streamtx rebalance --resume` finishes it",
         )
     for kind in ("tables", "views", "indexes", "streams", "windows", "procedures", "triggers", "groups"):
         names = status.get(kind) or []

@@ -115,6 +115,7 @@ class Front:
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
             # a migration step cut short by the crash: kept if DONE made it (front/rebalance.py)
             self.map = await asyncio.to_thread(PartitionMap.settled, self.data_dir, set(infos[HOME].done))
+            self.rebalancer.find_interrupted()
         ddl = [s.sql for s in create_statements(self.catalog.relations())]
         install = pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True, analyzed=self.catalog)
         await self.partitions.broadcast(install)

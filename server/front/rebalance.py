@@ -27,11 +27,17 @@ commits. A crash at any point recovers to a consistent map: the step is
 kept everywhere if DONE made it, and dropped everywhere otherwise, so no
 row is lost or duplicated. If the workers are restarted under a step (one
 died), the step is run again at the same timestamp, or found done.
+
+A migration that stops before its target (the server stopped or crashed, a
+step failed, or its caller left) is interrupted: its target and strategy
+stay in the data directory (`INTENT_FILE`), Status names it after a restart
+too, and `resume` finishes it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import AsyncIterator
@@ -42,6 +48,8 @@ from typing import Protocol
 import pyarrow as pa
 
 from streamtx.errors import FailedPrecondition, InvalidArgument
+from streamtx.files import atomic_write
+from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.front.coordinator import Coordinator
@@ -53,7 +61,11 @@ from streamtx.server.partition.migration import unmovable
 from streamtx.server.partitioning import PartitionMap
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
+DEFAULT_STRATEGY = "all-at-once"
 DEFAULT_BINS_PER_STEP = 16
+INTENT_FILE = "migration.json"
+"""The data directory's record of the migration under way: written before its first step, removed after
+its last; found at start-up, it names a migration the server stopped in (`Intent.interrupted`)."""
 MAX_PAUSE_S = 1.0
 """Between two steps the migration pauses as long as the last step took (at most this): the commands
 that queued behind a step run before the next one stops them again, so a step's stall does not add up."""
@@ -98,6 +110,39 @@ class Progress:
     @property
     def elapsed(self) -> float:
         return time.monotonic() - self.started
+
+
+@dataclass(frozen=True)
+class Intent:
+    """A migration's target map and how it moves there."""
+
+    target: tuple[int, ...]
+    strategy: str
+    bins_per_step: int
+
+    def bins_left(self, current: PartitionMap) -> int:
+        return sum(a != b for a, b in zip(current.owner, self.target, strict=True))
+
+    def save(self, data_dir: Path) -> None:
+        record = {"target": list(self.target), "strategy": self.strategy, "bins_per_step": self.bins_per_step}
+        atomic_write(data_dir / INTENT_FILE, json.dumps(record))
+
+    @staticmethod
+    def clear(data_dir: Path) -> None:
+        (data_dir / INTENT_FILE).unlink(missing_ok=True)
+
+    @classmethod
+    def interrupted(cls, data_dir: Path, current: PartitionMap) -> Intent | None:
+        """The migration the server stopped in, if it had bins left to move (else its record goes)."""
+        path = data_dir / INTENT_FILE
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        found = cls(tuple(int(o) for o in data["target"]), str(data["strategy"]), int(data["bins_per_step"]))
+        if len(found.target) != current.bins or not found.bins_left(current):
+            cls.clear(data_dir)  # it finished; the crash came before its record went
+            return None
+        return found
 
 
 def target_owner(current: PartitionMap, moves: list[BinMove], even: bool) -> tuple[int, ...]:
@@ -172,21 +217,65 @@ class Rebalancer:
         self.data_dir = data_dir
         self.durable = durable
         self.running: Progress | None = None  # the migration in flight (Status shows it)
+        self.interrupted: Intent | None = None  # the one that stopped before its target (Status shows it)
         self._lock = asyncio.Lock()
 
-    async def run(self, moves: list[BinMove], even: bool, strategy: str, bins_per_step: int) -> AsyncIterator[Progress]:
-        """Runs a migration step by step; yields its progress before the first step and after each."""
+    def find_interrupted(self) -> None:
+        """At start-up: the migration the server stopped in, if any, is reported and can be resumed."""
+        self.interrupted = Intent.interrupted(self.data_dir, self.front.map)
+        if self.interrupted is not None:
+            left = self.interrupted.bins_left(self.front.map)
+            log.event(
+                "rebalance_interrupted",
+                f"a migration ({self.interrupted.strategy}) stopped with {left} bin(s) still to move; "
+                "`streamtx rebalance --resume` finishes it",
+                level="warning",
+                bins_left=left,
+            )
+
+    def intent(
+        self, moves: list[BinMove], even: bool, strategy: str | None, bins_per_step: int | None, resume: bool
+    ) -> Intent:
+        """Where a request moves the bins to, and how; its mistakes are InvalidArgument or FailedPrecondition."""
+        if not resume:
+            target = target_owner(self.front.map, moves, even)
+            return Intent(target, strategy or DEFAULT_STRATEGY, bins_per_step or DEFAULT_BINS_PER_STEP)
+        if moves or even:
+            raise InvalidArgument("rebalance: resume takes no bin moves and no even: it finishes the interrupted one")
+        found = self.interrupted
+        if found is None:
+            raise FailedPrecondition("rebalance: no migration was interrupted; there is nothing to resume")
+        return Intent(found.target, strategy or found.strategy, bins_per_step or found.bins_per_step)
+
+    async def run(
+        self,
+        moves: list[BinMove],
+        even: bool,
+        strategy: str | None = None,
+        bins_per_step: int | None = None,
+        resume: bool = False,
+    ) -> AsyncIterator[Progress]:
+        """Runs a migration step by step; yields its progress before the first step and after each.
+
+        `strategy` and `bins_per_step` default to all-at-once and 16, or to
+        the interrupted migration's when resuming.
+        """
         current = self.front.map
-        maps = plan(current, target_owner(current, moves, even), strategy, bins_per_step)
+        intent = self.intent(moves, even, strategy, bins_per_step, resume)
+        maps = plan(current, intent.target, intent.strategy, intent.bins_per_step)
         reason = unmovable(self.front.catalog)
         if reason is not None and maps:
             raise FailedPrecondition(f"rebalance: {reason}")
         if self._lock.locked():
             raise FailedPrecondition("rebalance: a migration is running already; wait for it to end")
         async with self._lock:
-            total = sum(a != b for a, b in zip(current.owner, maps[-1].owner, strict=True)) if maps else 0
-            progress = Progress(0, len(maps), total, strategy=strategy)
+            total = intent.bins_left(current)
+            progress = Progress(0, len(maps), total, strategy=intent.strategy)
             self.running = progress
+            finished = not maps
+            if maps:  # it replaces an interrupted one
+                await asyncio.to_thread(intent.save, self.data_dir)
+                self.interrupted = None
             try:
                 yield progress
                 for i, new in enumerate(maps):
@@ -199,9 +288,14 @@ class Rebalancer:
                     progress.bins_moved += sum(a != b for a, b in zip(before.owner, new.owner, strict=True))
                     progress.rows_moved += rows
                     progress.ts = ts
+                    finished = i + 1 == len(maps)
+                    if finished:
+                        await asyncio.to_thread(Intent.clear, self.data_dir)
                     yield progress
             finally:
                 self.running = None
+                if not finished:
+                    self.interrupted = intent
 
     async def step(self, new: PartitionMap) -> tuple[int, int]:
         """One step at the next timestamp; returns the rows it moved and its timestamp."""

@@ -29,7 +29,7 @@ from streamtx.errors import (
 )
 from streamtx.server.front.admission import Admission
 from streamtx.server.front.front import Front
-from streamtx.server.front.rebalance import DEFAULT_BINS_PER_STEP, BinMove, Progress, bins_per_partition
+from streamtx.server.front.rebalance import BinMove, Intent, Progress, bins_per_partition
 from streamtx.server.front.staging import PartSpec, Staging
 from streamtx.server.partitioning import PartitionMap
 from streamtx.server.protocol import Outcome, StatementPlan
@@ -333,6 +333,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             bins_per_partition=bins_per_partition(front.map),
             bin_owner=front.map.owner,
             rebalancing=_progress(front.rebalancer.running, front.map),
+            rebalance_interrupted=_interrupted(front.rebalancer.interrupted, front.map),
         )
 
     async def Rebalance(
@@ -342,7 +343,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         moves = [BinMove(m.first_bin, m.last_bin, m.partition) for m in request.moves]
         steps = front.rebalancer.run(
-            moves, request.even, request.strategy or "all-at-once", request.bins_per_step or DEFAULT_BINS_PER_STEP
+            moves, request.even, request.strategy or None, request.bins_per_step or None, request.resume
         )
         try:
             async for progress in steps:
@@ -581,6 +582,17 @@ def fill_ack(ack: pb.PushAck, outcome: Outcome) -> pb.PushAck:
 
 
 __all__ = ["StreamTxService"]
+
+
+def _interrupted(intent: Intent | None, current: PartitionMap) -> pb.InterruptedRebalance | None:
+    if intent is None:
+        return None
+    return pb.InterruptedRebalance(
+        strategy=intent.strategy,
+        bins_per_step=intent.bins_per_step,
+        bins_left=intent.bins_left(current),
+        target_owner=intent.target,
+    )
 
 
 def _progress(progress: Progress | None, current: PartitionMap) -> pb.RebalanceProgress | None:

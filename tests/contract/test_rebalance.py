@@ -10,8 +10,10 @@ re-sent batches are DUPLICATE, and new deposits land on the moved rows.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
+import time
 from collections import Counter
 
 import grpc
@@ -173,6 +175,58 @@ def test_a_migration_survives_a_checkpoint_and_a_restart(tmp_path):
         ledger.check((0, 511, 1), (512, 767, 0))
 
 
+def test_a_migration_left_early_is_interrupted_kept_across_a_restart_and_resumed(tmp_path, capsys):
+    from streamtx import cli
+
+    srv = start(tmp_path)
+    try:
+        with Client(srv.target, producer_id="left") as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            with pytest.raises(FailedPrecondition, match="no migration was interrupted; there is nothing to resume"):
+                list(c.rebalance(resume=True))
+            ledger = Ledger(c, seed=11)
+            ledger.push(100)
+            ledger.settle()
+            steps = c.rebalance([(0, 63, 1)], strategy="fluid")  # partition 0's 32 bins among 0..63
+            for progress in steps:
+                if progress["step"] == 3:
+                    break
+            steps.close()  # the caller leaves: the migration stops after the step under way
+            deadline = time.monotonic() + 30
+            while not c.status()["rebalance_interrupted"]["bins_left"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+            stopped = c.status()["rebalance_interrupted"]
+            assert stopped["strategy"] == "fluid" and 1 <= stopped["bins_left"] <= 29
+            left = stopped["bins_left"]
+            ledger.push(50)
+            ledger.settle()
+            expected, audited = ledger.expected, ledger.audited
+        assert srv.stop() == 0
+    finally:
+        srv.stop()
+    assert (tmp_path / "data" / "migration.json").exists()
+    with EmbeddedServer(tmp_path / "data", partitions=None) as again, Client(again.target, producer_id="after") as c:
+        status = c.status()
+        assert status["rebalance_interrupted"]["bins_left"] == left
+        assert cli.main(["--target", again.target, "status"]) == 0
+        assert f"{left} bins still to move (fluid)" in capsys.readouterr().out
+        assert status["bins_per_partition"] == [512 - (32 - left), 512 + (32 - left)]
+        with pytest.raises(InvalidArgument, match="resume takes no bin moves and no even"):
+            list(c.rebalance([(0, 3, 1)], resume=True))
+        steps = list(c.rebalance(resume=True, strategy="batched", bins_per_step=8))
+        assert steps[-1]["bins_moved"] == left and steps[-1]["steps"] == -(-left // 8)
+        status = c.status()
+        assert status["rebalance_interrupted"]["bins_left"] == 0  # none (the message's defaults)
+        assert status["bins_per_partition"] == [512 - 32, 512 + 32]
+        ledger = Ledger(c, seed=12)
+        ledger.expected, ledger.audited = expected, audited
+        ledger.push(50)
+        ledger.settle()
+        ledger.check((0, 63, 1))
+    assert not (tmp_path / "data" / "migration.json").exists()
+
+
 @pytest.mark.parametrize(
     "moves, options, message",
     [
@@ -218,3 +272,18 @@ def test_rebalance_needs_an_admin_token(tmp_path):
         with Client(srv.target, token="s3cret") as c:
             assert c.status()["bins_per_partition"] == [512, 512]
             assert list(c.rebalance([(0, 3, 1)]))[-1]["bins_moved"] == 2
+
+
+def test_cli_rebalance_moves_bins_and_status_shows_the_map(server, capsys):
+    from streamtx import cli
+
+    t = ["--target", server.target]
+    assert cli.main([*t, "rebalance", "--resume", "-q"]) == 2  # nothing was interrupted
+    assert "no migration was interrupted" in capsys.readouterr().err
+    assert cli.main([*t, "rebalance", "--move", "0-7:1", "--strategy", "fluid", "-q"]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert final["bins_moved"] == 4 and final["steps"] == 4 and final["bins_per_partition"] == [508, 516]
+    assert cli.main([*t, "status"]) == 0
+    assert "0:508 1:516" in capsys.readouterr().out
+    assert cli.main([*t, "rebalance", "--even", "-q"]) == 0
+    assert json.loads(capsys.readouterr().out.strip())["bins_per_partition"] == [512, 512]

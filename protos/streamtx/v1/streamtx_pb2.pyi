@@ -337,7 +337,7 @@ class StreamMetrics(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., committed: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes", "bins", "bins_per_partition", "rebalancing", "bin_owner")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes", "bins", "bins_per_partition", "rebalancing", "bin_owner", "rebalance_interrupted")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +364,7 @@ class StatusResponse(_message.Message):
     BINS_PER_PARTITION_FIELD_NUMBER: _ClassVar[int]
     REBALANCING_FIELD_NUMBER: _ClassVar[int]
     BIN_OWNER_FIELD_NUMBER: _ClassVar[int]
+    REBALANCE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -383,7 +384,20 @@ class StatusResponse(_message.Message):
     bins_per_partition: _containers.RepeatedScalarFieldContainer[int]
     rebalancing: RebalanceProgress
     bin_owner: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ..., bins: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., rebalancing: _Optional[_Union[RebalanceProgress, _Mapping]] = ..., bin_owner: _Optional[_Iterable[int]] = ...) -> None: ...
+    rebalance_interrupted: InterruptedRebalance
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ..., bins: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., rebalancing: _Optional[_Union[RebalanceProgress, _Mapping]] = ..., bin_owner: _Optional[_Iterable[int]] = ..., rebalance_interrupted: _Optional[_Union[InterruptedRebalance, _Mapping]] = ...) -> None: ...
+
+class InterruptedRebalance(_message.Message):
+    __slots__ = ("strategy", "bins_per_step", "bins_left", "target_owner")
+    STRATEGY_FIELD_NUMBER: _ClassVar[int]
+    BINS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    BINS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    TARGET_OWNER_FIELD_NUMBER: _ClassVar[int]
+    strategy: str
+    bins_per_step: int
+    bins_left: int
+    target_owner: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ..., bins_left: _Optional[int] = ..., target_owner: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BinMove(_message.Message):
     __slots__ = ("first_bin", "last_bin", "partition")
@@ -396,16 +410,18 @@ class BinMove(_message.Message):
     def __init__(self, first_bin: _Optional[int] = ..., last_bin: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class RebalanceRequest(_message.Message):
-    __slots__ = ("moves", "even", "strategy", "bins_per_step")
+    __slots__ = ("moves", "even", "strategy", "bins_per_step", "resume")
     MOVES_FIELD_NUMBER: _ClassVar[int]
     EVEN_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     BINS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
     moves: _containers.RepeatedCompositeFieldContainer[BinMove]
     even: bool
     strategy: str
     bins_per_step: int
-    def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ...) -> None: ...
+    resume: bool
+    def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RebalanceProgress(_message.Message):
     __slots__ = ("step", "steps", "bins_moved", "bins_total", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition")
