@@ -51,6 +51,9 @@ LOGGED = frozenset({pr.Reject, pr.Call, pr.Install, pr.Decide, pr.Done})
 _fault = os.environ.get("STREAMTX_FAULT_EXIT_BEFORE_ACK", "").split(":", 2)
 FAULT_EXIT_BEFORE_ACK = (int(_fault[0]), int(_fault[1]), _fault[2]) if len(_fault) == 3 else None
 """Fault injection for tests (`Worker._maybe_fail_before_acks`)."""
+_fault = os.environ.get("STREAMTX_FAULT_EXIT_AFTER_RECOVERY", "").split(":", 1)
+FAULT_EXIT_AFTER_RECOVERY = (int(_fault[0]), _fault[1]) if len(_fault) == 2 else None
+"""Fault injection for tests (`Worker._read_marks`)."""
 
 
 @dataclass(frozen=True)
@@ -480,7 +483,28 @@ class Worker:
 
     def _read_marks(self, _: pr.ReadMarks, __: list[pa.Table]) -> tuple[pr.MarksRead, list[pa.Table]]:
         self.engine.load_marks()
+        self._maybe_exit_after_recovery()
         return pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts), []
+
+    def _maybe_exit_after_recovery(self) -> None:
+        """Fault injection for tests: a worker that dies right after its last recovery request, seen by the
+        front before the recovery ends.
+
+        `STREAMTX_FAULT_EXIT_AFTER_RECOVERY=<partition>:<path>`: while
+        `<path>` exists, that partition's worker answers its last recovery
+        request (ReadMarks) and exits (removing `<path>`: once); the other
+        partitions answer theirs 0.5 s late.
+        """
+        fault = FAULT_EXIT_AFTER_RECOVERY
+        if fault is None or not os.path.exists(fault[1]):
+            return
+        if fault[0] != self.engine.partition:
+            time.sleep(0.5)
+            return
+        os.remove(fault[1])
+        reply = pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts)
+        self.frames.write_many([(pr.Response(self._current, reply), [])])
+        os._exit(9)
 
 
 def _tree_bytes(path: str) -> int:

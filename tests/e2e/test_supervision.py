@@ -226,6 +226,30 @@ def test_a_full_disk_holds_acknowledgements_until_space_returns(tmp_path):
         srv.close()
 
 
+def test_a_worker_dying_right_after_its_last_recovery_request_is_recovered_too(tmp_path, monkeypatch):
+    """Its death failed no request and came while no one watched: the push replayed to it waited for ever."""
+    armed = tmp_path / "exit-after-recovery"
+    monkeypatch.setenv("STREAMTX_FAULT_EXIT_AFTER_RECOVERY", f"1:{armed}")
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target, timeout=60) as c:
+        c.deploy(HITS)
+        for p in (0, 1):
+            assert c.push("hits", {"account": [ACCOUNTS_ON[p][0]], "n": [1]}).result(timeout=60).outcome == "committed"
+        armed.write_text("the next recovery\n")
+        os.kill(c.status()["partitions"][0]["pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while not c.status()["counters"].get("restarts"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        late = c.push("hits", {"account": [ACCOUNTS_ON[1][0]], "n": [1]})  # sent to partition 1's successor
+        assert late.result(timeout=60).outcome == "committed"
+        assert not armed.exists()  # partition 1's new worker died after recovering, once
+        assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == {
+            ACCOUNTS_ON[0][0]: 1,
+            ACCOUNTS_ON[1][0]: 2,
+        }
+        assert c.status()["counters"]["restarts"] >= 2
+
+
 def test_a_worker_killed_during_the_recovery_of_another_is_recovered_too(tmp_path):
     with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
         c.deploy(HITS)
