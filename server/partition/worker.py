@@ -491,9 +491,9 @@ class Worker:
         front before the recovery ends.
 
         `STREAMTX_FAULT_EXIT_AFTER_RECOVERY=<partition>:<path>`: while
-        `<path>` exists, that partition's worker answers its last recovery
-        request (ReadMarks) and exits (removing `<path>`: once); the other
-        partitions answer theirs 0.5 s late.
+        `<path>` exists, the other partitions answer their last recovery
+        request (ReadMarks) 0.5 s late, and that partition's worker answers it
+        and exits, once (it creates `<path>.fired`).
         """
         fault = FAULT_EXIT_AFTER_RECOVERY
         if fault is None or not os.path.exists(fault[1]):
@@ -501,7 +501,10 @@ class Worker:
         if fault[0] != self.engine.partition:
             time.sleep(0.5)
             return
-        os.remove(fault[1])
+        fired = Path(fault[1] + ".fired")
+        if fired.exists():
+            return
+        fired.write_text("exited after recovery\n")
         reply = pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts)
         self.frames.write_many([(pr.Response(self._current, reply), [])])
         os._exit(9)
