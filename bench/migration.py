@@ -9,7 +9,8 @@ the ack, so a stall shows in full). For each strategy in turn the server
 moves half of partition 0's bins (a quarter of the state) to partition 1 and
 then back, between steady periods. Reported per strategy: the latency
 timeline per 250 ms window (p50, p99, max), latency and throughput while
-migrating against the steady state, and how long each migration took.
+migrating against the steady state, how long each migration took, and how
+long its steps held the commands behind them (`step_ms`).
 
 Checked at the end: every key's count equals the keys pushed and acked
 (plain Python's counter), so no row was lost or counted twice.
@@ -148,6 +149,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
         t0 = time.monotonic()
         spans: list[tuple[float, float]] = []
         steps = rows = 0
+        step_seconds: list[float] = []
         for back in (False, True):
             await asyncio.sleep(steady)
             started = time.monotonic()
@@ -157,6 +159,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
             ]
             last = reports[-1]
             spans.append((started, time.monotonic()))
+            step_seconds += [r["step_seconds"] for r in reports if r.get("step")]
             steps += last.get("steps", 0)
             rows += last.get("rows_moved", 0)
         await asyncio.sleep(steady)
@@ -179,6 +182,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
         "steps": steps,
         "rows_moved": rows,
         "migration_s": [round(e - s, 3) for s, e in spans],
+        "step_ms": latency_summary(step_seconds),
         "latency_ms": {"steady": latency_summary(calm), "migrating": latency_summary(migrating)},
         "batches_per_s": {
             "steady": round_sig(len(calm) / calm_s) if calm_s > 0 else None,
@@ -214,7 +218,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 lines.append(line)
                 moving = line["latency_ms"]["migrating"]
                 bar.print(
-                    f"{strategy}: migrations {line['migration_s']} s, {line['steps']} steps, "
+                    f"{strategy}: migrations {line['migration_s']} s, {line['steps']} steps "
+                    f"(p50 {line['step_ms']['p50']} ms, max {line['step_ms']['max']} ms), "
                     f"max latency {moving['max']} ms migrating vs {line['latency_ms']['steady']['max']} ms steady"
                 )
                 bar.advance(task)

@@ -106,6 +106,8 @@ class Progress:
     ts: int = 0
     started: float = field(default_factory=time.monotonic)
     strategy: str = "all-at-once"
+    step_seconds: float = 0.0
+    """How long the last step held the commands behind it: from its timestamp to every partition committing."""
 
     @property
     def elapsed(self) -> float:
@@ -282,8 +284,9 @@ class Rebalancer:
                     before = self.front.map
                     started = time.monotonic()
                     rows, ts = await self.step(new)
+                    progress.step_seconds = time.monotonic() - started
                     if i + 1 < len(maps):  # what queued behind the step runs before the next one
-                        await asyncio.sleep(min(time.monotonic() - started, MAX_PAUSE_S))
+                        await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))
                     progress.step += 1
                     progress.bins_moved += sum(a != b for a, b in zip(before.owner, new.owner, strict=True))
                     progress.rows_moved += rows

@@ -606,5 +606,6 @@ def _progress(progress: Progress | None, current: PartitionMap) -> pb.RebalanceP
         rows_moved=progress.rows_moved,
         elapsed_seconds=progress.elapsed,
         timestamp=progress.ts,
+        step_seconds=progress.step_seconds,
         bins_per_partition=bins_per_partition(current),
     )

@@ -116,6 +116,7 @@ def test_bins_move_while_deposits_flow_and_end_as_without_a_migration(server, st
         moved = 64 + 62 if strategy != "fluid" else 16  # bins 0..127 and 900..1023 that partition 0 owned
         steps = {"all-at-once": 1, "fluid": moved, "batched": -(-moved // 20)}[strategy]
         assert [p["step"] for p in progress] == list(range(steps + 1))
+        assert progress[0]["step_seconds"] == 0 and all(p["step_seconds"] > 0 for p in progress[1:])
         assert progress[-1]["bins_moved"] == progress[-1]["bins_total"] == moved
         assert progress[-1]["bins_per_partition"] == [512 - moved, 512 + moved]
         assert c.status()["bins_per_partition"] == [512 - moved, 512 + moved]

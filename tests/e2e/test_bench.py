@@ -218,6 +218,7 @@ def test_bench_migration_small_run_moves_a_quarter_out_and_back_and_checks_every
     assert {s: r["steps"] for s, r in runs.items()} == {"all-at-once": 2, "fluid": 16, "batched": 4}
     assert all(r["matches_reference"] and r["bins_moved"] == 8 for r in runs.values())
     assert all(r["rows_moved"] > 0 for r in runs.values())
+    assert all(0 < r["step_ms"]["p50"] <= r["step_ms"]["max"] for r in runs.values())  # each step's hold, timed
     ratios = [line for line in lines if "ratio" in line]
     assert [r["numerator"].split(",")[0] for r in ratios] == [
         "max ack latency while migrating",

@@ -424,7 +424,7 @@ class RebalanceRequest(_message.Message):
     def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
 
 class RebalanceProgress(_message.Message):
-    __slots__ = ("step", "steps", "bins_moved", "bins_total", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition")
+    __slots__ = ("step", "steps", "bins_moved", "bins_total", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition", "step_seconds")
     STEP_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
     BINS_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -433,6 +433,7 @@ class RebalanceProgress(_message.Message):
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
     BINS_PER_PARTITION_FIELD_NUMBER: _ClassVar[int]
+    STEP_SECONDS_FIELD_NUMBER: _ClassVar[int]
     step: int
     steps: int
     bins_moved: int
@@ -441,7 +442,8 @@ class RebalanceProgress(_message.Message):
     elapsed_seconds: float
     timestamp: int
     bins_per_partition: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step: _Optional[int] = ..., steps: _Optional[int] = ..., bins_moved: _Optional[int] = ..., bins_total: _Optional[int] = ..., rows_moved: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., timestamp: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ...) -> None: ...
+    step_seconds: float
+    def __init__(self, step: _Optional[int] = ..., steps: _Optional[int] = ..., bins_moved: _Optional[int] = ..., bins_total: _Optional[int] = ..., rows_moved: _Optional[int] = ..., elapsed_seconds: _Optional[float] = ..., timestamp: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., step_seconds: _Optional[float] = ...) -> None: ...
 
 class DescribeStreamRequest(_message.Message):
     __slots__ = ("stream", "with_complete_through")
