@@ -34,14 +34,21 @@ _M2 = np.uint64(0x94D049BB133111EB)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer: every input bit affects every output bit."""
+    """SplitMix64's finalizer: every input bit affects every output bit.
+
+    In place on a copy, with one scratch array: a migration step hashes a
+    partition's every key, and fresh temporaries of that size cost more in
+    page faults than the arithmetic.
+    """
     x = x.astype(np.uint64, copy=True)
+    shifted = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= _M1
-        x ^= x >> np.uint64(27)
-        x *= _M2
-        x ^= x >> np.uint64(31)
+        for shift, multiplier in ((30, _M1), (27, _M2)):
+            np.right_shift(x, np.uint64(shift), out=shifted)
+            x ^= shifted
+            x *= multiplier
+        np.right_shift(x, np.uint64(31), out=shifted)
+        x ^= shifted
     return x
 
 
@@ -85,7 +92,14 @@ def _plain_keys(keys: list[object]) -> bool:
 def key_hashes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """A uint64 hash per key; NULL keys hash like 0 (they go to one fixed bin)."""
     if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
+        if values.num_chunks != 1:  # chunk by chunk: no copy of the whole column first
+            hashes = [_chunk_hashes(c) for c in values.chunks]
+            return np.concatenate(hashes) if hashes else np.empty(0, dtype=np.uint64)
+        values = values.chunk(0)
+    return _chunk_hashes(values)
+
+
+def _chunk_hashes(values: pa.Array) -> np.ndarray:
     t = values.type
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         encoded = pc.dictionary_encode(values)
@@ -95,7 +109,9 @@ def key_hashes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
         return _mix64(table[idx])
     if pa.types.is_integer(t) or pa.types.is_date(t) or pa.types.is_timestamp(t):
         as_int = values.cast(pa.int64()) if not pa.types.is_int64(t) else values
-        ints = as_int.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if as_int.null_count:
+            as_int = as_int.fill_null(0)
+        ints = as_int.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
         return _mix64(ints.view(np.uint64))
     raise InvalidArgument(f"cannot partition by a column of type {t}; partition keys are integers, strings or dates")
 
@@ -132,8 +148,9 @@ class PartitionMap:
         """The owning partition of each key."""
         if len(values) <= SMALL and _py_hashable(values.type):
             return np.array([self.owner[_py_hash(v) % self.bins] for v in values.to_pylist()], dtype=np.int32)
-        bins = key_hashes(values) % np.uint64(self.bins)
-        return np.asarray(self.owner, dtype=np.int32)[bins.astype(np.int64)]
+        bins = key_hashes(values)
+        np.remainder(bins, np.uint64(self.bins), out=bins)
+        return np.asarray(self.owner, dtype=np.int32)[bins.view(np.int64)]
 
     def sole_owner(self, values: pa.Array | pa.ChunkedArray) -> int | None:
         """The one partition owning every key (as `owners` places them, NULL included), or None if several do."""

@@ -42,6 +42,10 @@ def test_a_few_keys_hash_in_python_as_the_vectorised_hash_does(data, kind, parti
     pmap = PartitionMap.round_robin(partitions, 1024)
     expected = np.asarray(pmap.owner)[(key_hashes(pa.array(keys, arrow_type)) % np.uint64(1024)).astype(np.int64)]
     assert pmap.owners(pa.array(keys, arrow_type)).tolist() == expected.tolist()
+    half = len(keys) // 2  # a column in chunks (as DuckDB returns one) hashes chunk by chunk, to the same
+    chunks = [pa.array(keys[:half], arrow_type), pa.array([], arrow_type), pa.array(keys[half:], arrow_type)]
+    chunked = key_hashes(pa.chunked_array(chunks, arrow_type))
+    assert (np.asarray(pmap.owner)[(chunked % np.uint64(1024)).astype(np.int64)]).tolist() == expected.tolist()
     sole = pmap.sole_owner(pa.array(keys, arrow_type))
     assert sole == (int(expected[0]) if len(set(expected.tolist())) == 1 else None)
     assert pmap.sole_owner(pa.array(keys * (SMALL + 1), arrow_type)) == sole  # the vectorised path
