@@ -105,7 +105,7 @@ class Progress:
     rows_moved: int = 0
     ts: int = 0
     started: float = field(default_factory=time.monotonic)
-    strategy: str = "all-at-once"
+    strategy: str = DEFAULT_STRATEGY
     step_seconds: float = 0.0
     """How long the last step held the commands behind it: from its timestamp to every partition committing."""
 
@@ -123,7 +123,7 @@ class Intent:
     bins_per_step: int
 
     def bins_left(self, current: PartitionMap) -> int:
-        return sum(a != b for a, b in zip(current.owner, self.target, strict=True))
+        return bins_apart(current.owner, self.target)
 
     def save(self, data_dir: Path) -> None:
         record = {"target": list(self.target), "strategy": self.strategy, "bins_per_step": self.bins_per_step}
@@ -288,7 +288,7 @@ class Rebalancer:
                     if i + 1 < len(maps):  # what queued behind the step runs before the next one
                         await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))
                     progress.step += 1
-                    progress.bins_moved += sum(a != b for a, b in zip(before.owner, new.owner, strict=True))
+                    progress.bins_moved += bins_apart(before.owner, new.owner)
                     progress.rows_moved += rows
                     progress.ts = ts
                     finished = i + 1 == len(maps)
@@ -356,6 +356,11 @@ class Rebalancer:
         _fault("done")
         await asyncio.to_thread(new.save, self.data_dir)
         return moved
+
+
+def bins_apart(owner: tuple[int, ...], other: tuple[int, ...]) -> int:
+    """How many bins the two maps give to different partitions."""
+    return sum(a != b for a, b in zip(owner, other, strict=True))
 
 
 def bins_per_partition(current: PartitionMap) -> list[int]:

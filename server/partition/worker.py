@@ -483,10 +483,11 @@ class Worker:
 
     def _read_marks(self, _: pr.ReadMarks, __: list[pa.Table]) -> tuple[pr.MarksRead, list[pa.Table]]:
         self.engine.load_marks()
-        self._maybe_exit_after_recovery()
-        return pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts), []
+        reply = pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts)
+        self._maybe_exit_after_recovery(reply)
+        return reply, []
 
-    def _maybe_exit_after_recovery(self) -> None:
+    def _maybe_exit_after_recovery(self, reply: pr.MarksRead) -> None:
         """Fault injection for tests: a worker that dies right after its last recovery request, seen by the
         front before the recovery ends.
 
@@ -505,7 +506,6 @@ class Worker:
         if fired.exists():
             return
         fired.write_text("exited after recovery\n")
-        reply = pr.MarksRead(self.engine.marks.as_dict(), self.engine.marks.last_ts)
         self.frames.write_many([(pr.Response(self._current, reply), [])])
         os._exit(9)
 

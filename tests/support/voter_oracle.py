@@ -16,6 +16,7 @@ import pyarrow as pa
 from hypothesis import strategies as st
 
 from streamtx.procedures.voter.app import VoterConfig
+from streamtx.procedures.voter.reference import VoterReference
 
 KNOWN_AREAS = range(200, 500)  # area_code_state as the voter's setup fills it: 200 + i for i < 300
 
@@ -127,8 +128,11 @@ def voter_configs() -> st.SearchStrategy[VoterConfig]:
     ).filter(lambda c: c.slide <= c.window)  # a window slides by at most its size
 
 
-def assert_matches(client: Any, oracle: Oracle, queries: Mapping[str, str], futures: Sequence[Any]) -> None:
-    """Every pushed batch committed cleanly, and the server's tables, rejections and deletions are the oracle's."""
+def assert_matches(
+    client: Any, oracle: Oracle | VoterReference, queries: Mapping[str, str], futures: Sequence[Any]
+) -> None:
+    """Every pushed batch committed cleanly, and the server's tables, rejections and deletions are the oracle's
+    (this module's `Oracle`, or the product's `VoterReference`)."""
     acks = [f.result() for f in futures]
     assert all(a.outcome == "committed" and not a.reason for a in acks), [(a.outcome, a.reason) for a in acks]
     expected = oracle.tables()
