@@ -27,7 +27,7 @@ from support.acks import expand
 
 from streamtx import wire
 from streamtx.client import AsyncClient
-from streamtx.client.async_client import PACK_MAX_BYTES, PACK_YIELD, _InFlight
+from streamtx.client.async_client import PACK_MAX_BYTES, PACK_YIELD, _InFlight, _nbytes
 from streamtx.server import protocol as pr
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.ipc import Packed, SocketFrames, unpack
@@ -303,6 +303,24 @@ def test_client_message_runs_split_on_stream_gap_schema_and_size():
         assert ipc_to_table(msgs[0].data.arrow_ipc, "m").to_pydict() == {"v": [1, 1]}
         client.arrow = False
         assert all(not m.batch_rows for m in client._messages(entries[:2]))  # protobuf rows travel one by one
+    finally:
+        loop.close()
+
+
+def test_slices_of_a_table_larger_than_the_byte_cap_still_pack_together():
+    """A message's size counts each batch's own rows, not the buffers a slice shares with its table."""
+    loop = asyncio.new_event_loop()
+    try:
+        client = AsyncClient("127.0.0.1:1", producer_id="p")
+        n = PACK_MAX_BYTES // 8 + 10
+        whole = pa.table({"v": pa.array(range(n), pa.int64()), "s": pa.array([str(i) for i in range(n)])})
+        fixed = whole.select(["v"])
+        for table in (fixed, whole):
+            entries = [_InFlight("a", i + 1, table.slice(i, 1), loop.create_future()) for i in range(100)]
+            msgs = client._messages(entries)
+            assert [len(m.batch_rows) for m in msgs] == [100]
+            assert ipc_to_table(msgs[0].data.arrow_ipc, "m").column("v").to_pylist() == list(range(100))
+        assert _nbytes(fixed.slice(0, 1000)) >= fixed.slice(0, 1000).nbytes  # a bound, never less
     finally:
         loop.close()
 
