@@ -268,7 +268,7 @@ class Front:
 
         def dispatch(ts: int) -> asyncio.Future:
             command = pr.Reject(stream, producer, batch_id, ts, error.code.value[0], error.message)
-            return self.gate.run(lambda: self._finish_push(self.partitions[HOME].send(command)))
+            return self.gate.run(lambda: self.partitions[HOME].send(command, then=self._outcome))
 
         out = self.sequencer.submit(producer, stream, batch_id, dispatch)
         out.add_done_callback(lambda f: f.cancelled() or self._count_outcome(stream, 0, f))
@@ -283,7 +283,7 @@ class Front:
 
         def local() -> asyncio.Future:
             assert target is not None
-            return self._finish_push(self.partitions[target].send(command, [table]))
+            return self.partitions[target].send(command, [table], then=self._outcome)
 
         item = None
         if self.gate.span_runner is not None and stream in self.catalog.placement.stream_keys:
@@ -328,28 +328,13 @@ class Front:
                 out += await self.spans.run(group)
         return out
 
-    def _finish_push(self, fut: asyncio.Future) -> asyncio.Future:
-        """The outcome of a partition's reply, once it comes; a callback, not a task per batch."""
-        out: asyncio.Future = asyncio.get_running_loop().create_future()
-
-        def finish(reply: asyncio.Future) -> None:
-            if out.done():
-                return
-            if reply.cancelled():
-                out.cancel()
-                return
-            try:
-                outcome: pr.Outcome = checked(reply.result())[0]
-            except Exception as e:  # the outcome's failure, whatever it is, is the caller's
-                out.set_exception(e)
-                return
-            for s in outcome.emitted:
-                self.notify(s)
-            self.counters[outcome.outcome] += 1
-            out.set_result(outcome)
-
-        fut.add_done_callback(finish)
-        return out
+    def _outcome(self, reply: Reply) -> pr.Outcome:
+        """A push's or rejection's outcome from its partition's reply (`Partition.send`'s `then`)."""
+        outcome: pr.Outcome = checked(reply)[0]
+        for s in outcome.emitted:
+            self.notify(s)
+        self.counters[outcome.outcome] += 1
+        return outcome
 
     def local_target(self, stream: str, table: pa.Table) -> int | None:
         """The one partition that runs all of a batch's TEs, or None if they span partitions (coordinated)."""

@@ -46,10 +46,11 @@ class Restarted(Unavailable):
 
 @dataclass
 class _Request:
-    fut: asyncio.Future[Reply]
+    fut: asyncio.Future[Any]
     command: pr.Command
     tables: list[pa.Table]
     again: bool = False
+    then: Callable[[Reply], Any] | None = None  # what the future resolves to: `then(reply)`, else the reply
 
 
 class Partition:
@@ -85,11 +86,18 @@ class Partition:
         reader, self._writer = await asyncio.open_unix_connection(sock=spawned.sock, limit=1 << 24)
         self._reader_task = asyncio.create_task(self._read_replies(reader), name=f"partition-{self.index}")
 
-    def send(self, command: pr.Command, tables: list[pa.Table] | None = None) -> asyncio.Future[Reply]:
-        """Queues a request now (call order = execution order); the future is its reply."""
-        fut: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        req = _Request(fut, command, tables or [])
-        if not self.alive or self._writer is None:
+    def send(
+        self, command: pr.Command, tables: list[pa.Table] | None = None, then: Callable[[Reply], Any] | None = None
+    ) -> asyncio.Future[Any]:
+        """Queues a request now (call order = execution order); the future is its reply, or `then(reply)`.
+
+        `then` runs as the reply is read (an exception it raises is the future's): one future per
+        request, not a second one chained to it. A worker that died unseen still takes the request:
+        its reader sees the end of the socket and holds or fails what is pending (`_on_exit`).
+        """
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        req = _Request(fut, command, tables or [], then=then)
+        if self.error is not None or self.proc is None or self._writer is None:
             if self.hold_on_exit and not _recovering(command):  # sent to the next worker (or failed: `replay`)
                 self._held[next(self._ids)] = req
             else:
@@ -163,8 +171,16 @@ class Partition:
                 break
             for response, tables in unpack(frame):
                 req = self._pending.pop(response.id, None)
-                if req is not None and not req.fut.done():
-                    req.fut.set_result((_as_original(req, response.body), tables))
+                if req is None or req.fut.done():
+                    continue
+                reply = (_as_original(req, response.body), tables)
+                if req.then is None:
+                    req.fut.set_result(reply)
+                    continue
+                try:
+                    req.fut.set_result(req.then(reply))
+                except Exception as e:  # the reply's failure, whatever it is, is the caller's
+                    req.fut.set_exception(e)
         await self._on_exit()
 
     async def _on_exit(self) -> None:
