@@ -68,16 +68,17 @@ class Pushed(Protocol):
     batch: pa.Table
 
 
-COMMAND_FORMAT = 3
+COMMAND_FORMAT = 4
 """The form of the records' payloads (their JSON headers and relations), written in every log segment.
 
 A release that changes it bumps it and lists in `READABLE` the formats it
 still replays; recovery refuses any other, naming the segment. 0 is a log
 from before the format was written down, identical to 1. In 0 and 1 the DDL
 of an INSTALL names stored tuples' timestamp column `batch_id`; replay reads
-it as `__ts` (catalog/physical.py `current_ddl`). 3 added MIGRATE records.
+it as `__ts` (catalog/physical.py `current_ddl`). 3 added MIGRATE records. 4: an
+INTERVAL record lists its TEs' specs once (`specs`) and names them by place.
 """
-READABLE = (0, 1, 2, 3)
+READABLE = (0, 1, 2, 3, 4)
 
 
 class Journal:
@@ -156,10 +157,14 @@ class Journal:
         batches: list[list[Any]] = []
         flat: list[Batch] = []
         streams: list[str] = []
+        places: dict[TeSpec, int] = {}  # each spec once: 1-tuple batches repeat the same few
         for p, logged in committed:
             specs, inputs = [], []
             for spec, table in logged:
-                specs.append(spec.to_log())
+                place = places.get(spec)
+                if place is None:
+                    place = places[spec] = len(places)
+                specs.append(place)
                 inputs.append(-1 if table is None else len(flat))
                 if table is not None:
                     flat.append(table)
@@ -167,7 +172,8 @@ class Journal:
             mark = [p.producer, p.stream, p.batch_id] if any(s.border for s, _ in logged) else None
             batches.append([p.ts, mark, specs, inputs])
         order, runs, joined = join_grouped(flat, streams)
-        self._append(K.INTERVAL, last_ts, {"batches": batches, "order": order, "runs": runs}, joined)
+        head = {"specs": [s.to_log() for s in places], "batches": batches, "order": order, "runs": runs}
+        self._append(K.INTERVAL, last_ts, head, joined)
 
     def call(self, procedure: str, params: dict[str, Any], ts: int, logged: Logged) -> None:
         if self.mode == "weak":

@@ -149,9 +149,11 @@ def _replay(
         migration.replay(eng, ts, head, tables)
     elif kind == K.INTERVAL:
         flat = split_grouped(head["order"], head["runs"], tables)
+        listed = [TeSpec.from_log(d) for d in head.get("specs", [])]  # format 4: specs by place
         for batch_ts, mark, specs, inputs in head["batches"]:
             relations = [flat[i] if i >= 0 else pa.table({}) for i in inputs]
-            flow.replay_tes(batch_ts, [TeSpec.from_log(d) for d in specs], relations, None, mark)
+            tes = [listed[s] if isinstance(s, int) else TeSpec.from_log(s) for s in specs]
+            flow.replay_tes(batch_ts, tes, relations, None, mark)
     elif kind == K.FRAGMENTS:
         n = len(head["specs"])
         exchange = Exchange.from_wire(head.get("exchange"), tables[n:])
