@@ -41,9 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import os
-import resource
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -54,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 
 from .common import (
+    CpuMeter,
     Measurement,
     find_line,
     latency_summary,
@@ -176,66 +174,6 @@ def configurations(
         if wanted:
             configs += [Config(workload, 1), Config(workload, 2)]
     return configs
-
-
-# -- CPU accounting (Linux /proc; None elsewhere) ------------------------------------
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds a process has used so far."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has spent busy (all cores, all processes) so far."""
-    try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-class CpuMeter:
-    """CPU used by the front, each partition worker and this client over one timed run, and by everything else.
-
-    It shows where the time goes: for the comparison to mean anything the
-    workers must be the bottleneck, not the front or the client, which share
-    the two cores with them. `other_cores` is what the rest of the (shared)
-    machine took meanwhile, in cores: a P = 2 run can only use what is left.
-    """
-
-    def __init__(self, front_pid: int, partition_pids: list[int]) -> None:
-        self.pids = [front_pid, *partition_pids]
-        self.start = [_cpu_seconds(p) for p in self.pids]
-        self.own = _own_cpu_seconds()
-        self.machine = _machine_busy_seconds()
-        self.wall = time.perf_counter()
-
-    def per_batch_ms(self, batches: int) -> dict[str, Any]:
-        end = [_cpu_seconds(p) for p in self.pids]
-        own = _own_cpu_seconds() - self.own
-        machine = _machine_busy_seconds()
-        wall = time.perf_counter() - self.wall
-        used = [None if a is None or b is None else b - a for a, b in zip(self.start, end, strict=True)]
-        other = None
-        if machine is not None and self.machine is not None and None not in used and wall > 0:
-            other = max(0.0, (machine - self.machine - own - sum(u for u in used if u is not None)) / wall)
-        return {
-            "front": None if used[0] is None else round(used[0] * 1e3 / batches, 2),
-            "partitions": [None if u is None else round(u * 1e3 / batches, 2) for u in used[1:]],
-            "client": round(own * 1e3 / batches, 2),
-            "other_cores": None if other is None else round(other, 2),
-        }
 
 
 # -- the sensors workload ------------------------------------------------------------

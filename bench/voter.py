@@ -45,6 +45,7 @@ import pyarrow as pa
 from streamtx.server.config import EXECUTORS, ServerConfig
 
 from .common import (
+    CpuMeter,
     Measurement,
     Stopwatch,
     interleave,
@@ -249,10 +250,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                         extra_args=retain,
                     )
                 )
+        pids: dict[str, list[int]] = {}  # each server's partition workers, for the CPU per batch
         for name, srv in servers.items():
             with Client(srv.target) as c:
                 c.deploy(deploy_script(config, "state" if name.startswith("state-") else SCRIPTS[name]))
                 c.call("setup", **setup_params(config))
+                pids[name] = [p["pid"] for p in c.status()["partitions"]]
         for cfg in configs:  # untimed: code paths, caches and the working set warm, as in a long-running server
             n = warmups.get(cfg.server, 0)
             if n:
@@ -274,7 +277,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 else:
                     producer = f"bench-voter-{run_id}-{cfg.server}-{cfg.batch_size}-r{r}"
                     window = args.state_max_in_flight if cfg.mode == "state" else args.max_in_flight
+                    srv = servers[cfg.server]
+                    meter = CpuMeter(srv.proc.pid if srv.proc else 0, pids[cfg.server])
                     m = asyncio.run(push_batches(target, "votes_in", producer, batches, max_in_flight=window))
+                    m.extra["cpu_ms_per_batch"] = meter.per_batch_ms(len(batches))
                 check(cfg, r, target, batches)  # after the clock stopped
                 return m
 
@@ -307,6 +313,10 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         }
         if cfg.mode == "state":
             line["max_in_flight"] = args.state_max_in_flight
+        if "cpu_ms_per_batch" in m.extra:  # where the time goes: each process's CPU per batch, ms
+            cpu = dict(m.extra["cpu_ms_per_batch"])
+            line["other_cores"] = cpu.pop("other_cores")
+            line["cpu_ms_per_batch"] = cpu
         lines.append(line)
     equal = states["client_ordered"] == states["dataflow_duckdb"]
     lines.append(
