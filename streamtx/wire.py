@@ -13,7 +13,7 @@ import itertools
 import math
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -628,9 +628,9 @@ def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
 
 
 def decode_batches(
-    data: pb.RowData, schema: pa.Schema, sizes: list[int], what: str, names: list[str]
+    data: pb.RowData, schema: pa.Schema, sizes: list[int], what: str, name: Callable[[int], str]
 ) -> list[pa.Table | InvalidArgument]:
-    """The batches of one message (`sizes` rows each, `names` to name each in errors), conformed to `schema`.
+    """The batches of one message (`sizes` rows each, `name(i)` naming the i-th in errors), conformed to `schema`.
 
     Each batch keeps its own outcome: the message is converted at once (the
     fast path) and, if a value does not fit, batch by batch, so that only the
@@ -655,13 +655,13 @@ def decode_batches(
     except InvalidArgument:
         pass
     out: list[pa.Table | InvalidArgument] = []
-    for at, n, name in zip(offsets, sizes, names, strict=True):
+    for i, (at, n) in enumerate(zip(offsets, sizes, strict=True)):
         try:
             if fmt == "arrow_ipc":
-                out.append(conform(raw.slice(at, n), schema, name))
+                out.append(conform(raw.slice(at, n), schema, name(i)))
             else:
                 out.append(
-                    rows_to_table(pb.Rows(columns=data.rows.columns, rows=data.rows.rows[at : at + n]), schema, name)
+                    rows_to_table(pb.Rows(columns=data.rows.columns, rows=data.rows.rows[at : at + n]), schema, name(i))
                 )
         except InvalidArgument as e:
             out.append(e)

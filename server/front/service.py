@@ -249,9 +249,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         except StreamTxError as e:
             return _Message(self, [self._rejected(ack, e) for ack in acks], [None] * len(acks))
         what = f"push to {stream!r} (producer {producer!r}, batches {first}..{first + len(sizes) - 1})"
-        names = [f"push to {stream!r} (producer {producer!r}, batch {ack.batch_id})" for ack in acks]
+
+        def name(i: int) -> str:
+            return f"push to {stream!r} (producer {producer!r}, batch {first + i})"
+
         try:
-            parts = decode_batches(request.data, schema, sizes, what, names)
+            parts = decode_batches(request.data, schema, sizes, what, name)
         except StreamTxError as e:  # every batch of the message is well addressed: ids used up, rejected
             parts = [e] * len(acks)
         futures: list[asyncio.Future | None] = []
