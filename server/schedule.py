@@ -87,7 +87,7 @@ class Schedule:
     # ---------------------------------------------------------------- start
     def push(self, stream: str, rows: pa.Table) -> Unit:
         """A pushed batch: its entry unit."""
-        unit = _units(self.catalog).entry(stream)
+        unit = _units(self.catalog).entry(self.catalog, stream)
         self._first = _Level([unit], {stream: [(None, rows)]})
         return unit
 
@@ -148,7 +148,7 @@ class Schedule:
 
     def _each_row(self, unit: Unit, level: _Level) -> list[Batch] | None:
         """The tuples a FOR EACH ROW unit takes one at a time (None: it takes its batch at once)."""
-        if unit.stream is None or not _units(self.catalog).each_row(unit):
+        if unit.stream is None or not _units(self.catalog).each_row(self.catalog, unit):
             return None
         batch = self._input(level, unit.stream)
         if batch is None or batch.num_rows < 2:
@@ -179,7 +179,7 @@ class Schedule:
             parts.append((unit.group, rows))
             return
         level.inputs[stream] = [(unit.group, rows)]
-        level.pending += _units(self.catalog).consumers(stream)
+        level.pending += _units(self.catalog).consumers(self.catalog, stream)
 
     def undone(self, group: str) -> None:
         """A transaction group was undone (the front's coordinator): what its members emitted is gone."""
@@ -196,38 +196,38 @@ class Schedule:
 
 
 class _Units:
-    """A catalog's units, made once: a partition asks for them for every batch (a catalog never changes)."""
+    """A catalog's units, made once: a partition asks for them for every batch (a catalog never changes).
 
-    def __init__(self, catalog: Catalog) -> None:
-        self.catalog = catalog
+    It holds no reference to its catalog, which keys it weakly (`_units`): a deploy's old catalog goes.
+    """
+
+    def __init__(self) -> None:
         self._entry: dict[str, Unit] = {}
         self._consumers: dict[str, tuple[Unit, ...]] = {}
         self._each_row: dict[tuple[str, ...], bool] = {}
 
-    def entry(self, stream: str) -> Unit:
+    def entry(self, cat: Catalog, stream: str) -> Unit:
         unit = self._entry.get(stream)
         if unit is None:
-            cat = self.catalog
             consumers = tuple(cat.consumers.get(stream, []))
             groups = {g for g in map(cat.group_of, consumers) if g is not None}
             unit = self._entry[stream] = Unit(consumers, stream, groups.pop() if groups else None, entry=True)
         return unit
 
-    def consumers(self, stream: str) -> tuple[Unit, ...]:
+    def consumers(self, cat: Catalog, stream: str) -> tuple[Unit, ...]:
         """The units a stream's output makes ready: one per consumer."""
         units = self._consumers.get(stream)
         if units is None:
-            cat = self.catalog
             units = self._consumers[stream] = tuple(
                 Unit((p,), stream, cat.group_of(p)) for p in cat.consumers.get(stream, [])
             )
         return units
 
-    def each_row(self, unit: Unit) -> bool:
+    def each_row(self, cat: Catalog, unit: Unit) -> bool:
         """Whether a procedure of the unit runs FOR EACH ROW."""
         known = self._each_row.get(unit.procedures)
         if known is None:
-            procedures = self.catalog.procedures
+            procedures = cat.procedures
             known = self._each_row[unit.procedures] = any(procedures[p].each_row for p in unit.procedures)
         return known
 
@@ -238,7 +238,7 @@ _UNITS: weakref.WeakKeyDictionary[Catalog, _Units] = weakref.WeakKeyDictionary()
 def _units(catalog: Catalog) -> _Units:
     units = _UNITS.get(catalog)
     if units is None:
-        units = _UNITS[catalog] = _Units(catalog)
+        units = _UNITS[catalog] = _Units()
     return units
 
 

@@ -251,6 +251,7 @@ def test_client_packs_queued_batches_into_few_messages(srv):
                 "CREATE STREAM cp_s (b BIGINT, k BIGINT);\n"
                 "CREATE PROCEDURE cp_p ON STREAM cp_s AS BEGIN INSERT INTO cp_t SELECT b, k FROM cp_s; END;"
             )
+            await (await c.push("cp_s", {"b": [0], "k": [0]}))  # the stream is open before the count starts
             before = (await c.status())["counters"].get("push_messages", 0)
             futures = [await c.push("cp_s", {"b": [i], "k": [i * i]}) for i in range(1, 301)]
             results = await asyncio.gather(*futures)
@@ -259,12 +260,14 @@ def test_client_packs_queued_batches_into_few_messages(srv):
             return results, {"messages": after - before, "state": table.to_pylist(), "status": status}
 
     results, seen = asyncio.run(run())
-    assert [r.batch_id for r in results] == list(range(1, 301))
+    assert [r.batch_id for r in results] == list(range(2, 302))
     assert all(r.outcome == "committed" and r.rows == 1 for r in results)
     assert all(b.timestamp > a.timestamp for a, b in itertools.pairwise(results))
-    assert seen["state"] == [{"n": 300, "s": sum(i * i for i in range(1, 301))}]
-    # the producer never awaits an ack: its batches leave packed, but every PACK_YIELD of them the writer runs
-    assert 300 // PACK_YIELD - 1 <= seen["messages"] <= 10 and seen["messages"] > 1, seen["messages"]
+    assert seen["state"] == [{"n": 301, "s": sum(i * i for i in range(1, 301))}]
+    # the producer never awaits an ack: its batches leave packed, but the writer runs every PACK_YIELD of them,
+    # so the first ones leave before the last is pushed (how many messages follow depends on how soon gRPC
+    # completes each write: one write is outstanding at a time)
+    assert 1 < seen["messages"] <= 300 // PACK_YIELD + 1, seen["messages"]
 
 
 def test_client_message_runs_split_on_stream_gap_schema_and_size():

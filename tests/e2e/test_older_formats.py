@@ -69,26 +69,36 @@ def test_a_checkpoint_from_before_ts_restores_the_streams_and_windows(tmp_path):
     assert got == [(acks[4].timestamp, [(5, 140)]), (acks[5].timestamp, [(6, 180)]), (more.timestamp, [(7, 220)])]
 
 
-def rewrite_as_format_1(log_dir) -> int:
-    """Writes the log at `log_dir` again in payload format 1, its deploys' `__ts` named `batch_id`; returns how many."""
+def rewrite_log(log_dir, payload_format: int, kind: RecordKind, change) -> int:
+    """Writes the log at `log_dir` again in `payload_format`, each `kind` record's (head, tables) through
+    `change` (None: left as it was); returns how many it changed."""
     records = list(LogReader(log_dir).records())
-    older = log_dir.parent / "log-format-1"
-    log = CommandLog(older, payload_format=1)
-    installs = 0
+    older = log_dir.parent / f"log-format-{payload_format}"
+    log = CommandLog(older, payload_format=payload_format)
+    changed = 0
     for r in records:
         payload = r.payload
-        if r.kind == RecordKind.INSTALL:
-            head, tables = decode_command(payload)
-            ddl = [s.replace(", __ts BIGINT NOT NULL", ", batch_id BIGINT NOT NULL") for s in head["ddl"]]
-            ddl = [s.replace(", __ts FROM streams.", ", batch_id FROM streams.") for s in ddl]
-            if ddl != head["ddl"]:
-                payload = encode_command({**head, "ddl": ddl}, tables)
-                installs += 1
+        if r.kind == kind:
+            head = change(*decode_command(payload))
+            if head is not None:
+                payload = encode_command(head, decode_command(payload)[1])
+                changed += 1
         log.append(r.kind, payload, r.ts)
     log.close()
     shutil.rmtree(log_dir)
     older.rename(log_dir)
-    return installs
+    return changed
+
+
+def rewrite_as_format_1(log_dir) -> int:
+    """The log in payload format 1, its deploys' `__ts` named `batch_id`; returns how many deploys changed."""
+
+    def change(head, _tables):
+        ddl = [s.replace(", __ts BIGINT NOT NULL", ", batch_id BIGINT NOT NULL") for s in head["ddl"]]
+        ddl = [s.replace(", __ts FROM streams.", ", batch_id FROM streams.") for s in ddl]
+        return {**head, "ddl": ddl} if ddl != head["ddl"] else None
+
+    return rewrite_log(log_dir, 1, RecordKind.INSTALL, change)
 
 
 def test_a_format_1_command_log_replays_its_deploys_with_the_current_column(tmp_path):
@@ -107,26 +117,14 @@ def test_a_format_1_command_log_replays_its_deploys_with_the_current_column(tmp_
 
 
 def rewrite_as_format_3(log_dir) -> int:
-    """Writes the log at `log_dir` again in payload format 3: INTERVAL records spell out each TE's spec."""
-    records = list(LogReader(log_dir).records())
-    older = log_dir.parent / "log-format-3"
-    log = CommandLog(older, payload_format=3)
-    intervals = 0
-    for r in records:
-        payload = r.payload
-        if r.kind == RecordKind.INTERVAL:
-            head, tables = decode_command(payload)
-            specs = head.pop("specs")
-            head["batches"] = [
-                [ts, mark, [specs[i] for i in places], inputs] for ts, mark, places, inputs in head["batches"]
-            ]
-            payload = encode_command(head, tables)
-            intervals += 1
-        log.append(r.kind, payload, r.ts)
-    log.close()
-    shutil.rmtree(log_dir)
-    older.rename(log_dir)
-    return intervals
+    """The log in payload format 3: INTERVAL records spell out each TE's spec; returns how many."""
+
+    def change(head, _tables):
+        specs = head.pop("specs")
+        head["batches"] = [[ts, mark, [specs[i] for i in places], ins] for ts, mark, places, ins in head["batches"]]
+        return head
+
+    return rewrite_log(log_dir, 3, RecordKind.INTERVAL, change)
 
 
 def test_a_format_3_command_log_replays_its_intervals(tmp_path):
