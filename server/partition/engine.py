@@ -100,7 +100,7 @@ class Engine:
         self.loader = loader
         self.stream_retention = stream_retention
         self.query_timeout = query_timeout
-        self.con: Any = LazyBegin(duckdb.connect(config={"enable_external_access": False, "threads": 1}))  # one core
+        self.con = LazyBegin(duckdb.connect(config={"enable_external_access": False, "threads": 1}))  # one core
         for sql in SYSTEM_DDL:
             self.con.execute(sql)
         self.catalog = Catalog()
@@ -378,7 +378,7 @@ class Engine:
     def query(self, sql: str, params: dict[str, Any]) -> pa.Table:
         """A read between commands (no transaction is open then), stopped after `query_timeout` seconds."""
         try:
-            with query_deadline(self.con, self.query_timeout, lambda: f"query on partition {self.partition}"):
+            with query_deadline(self.con.raw, self.query_timeout, lambda: f"query on partition {self.partition}"):
                 return self.con.execute(sql, params).to_arrow_table()
         except duckdb.Error as e:
             raise InvalidArgument(f"query: {error_text(e)}") from None
