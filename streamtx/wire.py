@@ -451,6 +451,8 @@ def conform(table: pa.Table, schema: pa.Schema, what: str) -> pa.Table:
 def _conform_column(col: pa.ChunkedArray, field: pa.Field, what: str) -> pa.ChunkedArray | pa.Array:
     kind, src = field.type, col.type
     _check_valid(col, field.name, what)
+    if _is_list(src):
+        col = _own_values(col)
     if src == kind:
         _check_leaf_times(col, field.name, what)
         return col
@@ -514,6 +516,17 @@ def _check_valid(col: pa.ChunkedArray, column: str, what: str) -> None:
             except pa.ArrowInvalid:
                 raise InvalidArgument(f"{what}: column {column!r} row {r}: invalid {sql_name(col.type)}: {e}") from None
         raise InvalidArgument(f"{what}: column {column!r}: invalid {sql_name(col.type)}: {e}") from None
+
+
+def _own_values(col: pa.ChunkedArray) -> pa.ChunkedArray:
+    """A list column whose arrays hold only their own rows' values: Arrow casts every child value of a
+    sliced list array, those of rows outside the slice too (a batch of a packed message would fail
+    for a value of another batch)."""
+    chunks = [
+        c.take(pa.array(range(len(c)), pa.int64())) if c.offset or len(c.flatten()) != len(c.values) else c
+        for c in col.chunks
+    ]
+    return pa.chunked_array(chunks, type=col.type)
 
 
 def _cast(col: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
@@ -594,7 +607,7 @@ def _check_exact(col: pa.ChunkedArray, cast: pa.ChunkedArray, column: str, what:
     except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
         return  # no comparison for the type (STRUCT, MAP): Arrow's safe cast is all there is
     same = pc.fill_null(same, True)
-    if pc.all(same).as_py():
+    if pc.all(same, min_count=0).as_py():  # no values (every list null or empty): nothing changed
         return
     i = pc.index(same, False).as_py()
     r = i if rows is None else rows[i].as_py()

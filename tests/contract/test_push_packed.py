@@ -195,6 +195,44 @@ def test_a_value_one_batch_cannot_hold_rejects_that_batch_only(stub, arrow):
     assert rows(stub, table) == [(1, 10), (3, 30)]
 
 
+def test_a_list_value_one_batch_cannot_hold_rejects_that_batch_only(stub):
+    """Lists are cast batch by batch from slices of the message: another batch's values must not count."""
+    name = f"pl{next(_names)}"
+    stub.Deploy(
+        pb.DeployRequest(
+            sql=f"CREATE TABLE {name}_t (b BIGINT, v BIGINT[][]);\n"
+            f"CREATE STREAM {name}_s (b BIGINT, v BIGINT[][]);\n"
+            f"CREATE PROCEDURE {name}_p ON STREAM {name}_s AS BEGIN\n"
+            f"  INSERT INTO {name}_t SELECT b, v FROM {name}_s;\n"
+            "END;"
+        ),
+        timeout=TIMEOUT,
+    )
+    nested = [[[1.0]], [[1.5]], None, [[2.0], None]]
+    values = pa.table(
+        {"b": pa.array([1, 2, 3, 4], pa.int64()), "v": pa.array(nested, pa.list_(pa.list_(pa.float64())))}
+    )
+    req = pb.PushRequest(
+        stream=f"{name}_s",
+        producer_id="lists",
+        batch_id=1,
+        data=pb.RowData(arrow_ipc=table_to_ipc(values)),
+        batch_rows=[1, 1, 1, 1],
+    )
+    raw = list(stub.PushStream(iter([req]), timeout=TIMEOUT))
+    assert [(b, o) for b, o, _, _ in expand(raw)] == [
+        (1, pb.COMMITTED),
+        (2, pb.REJECTED),
+        (3, pb.COMMITTED),
+        (4, pb.COMMITTED),
+    ]
+    rejected = next(a for a in raw if a.outcome == pb.REJECTED)
+    assert "batch 2)" in rejected.reason and "value [[1.5]]" in rejected.reason, rejected.reason
+    resp = stub.Query(pb.QueryRequest(sql=f"SELECT b, v FROM {name}_t ORDER BY b"), timeout=TIMEOUT)
+    got = ipc_to_table(resp.result.arrow_ipc, "result").to_pylist()
+    assert got == [{"b": 1, "v": [[1]]}, {"b": 3, "v": None}, {"b": 4, "v": [[2], None]}]
+
+
 @pytest.mark.parametrize(
     ("counts", "words"),
     [
