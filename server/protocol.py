@@ -87,6 +87,21 @@ class Push(Command):
 
 
 @dataclass(frozen=True)
+class PushRun(Command):
+    """Take consecutive batches of one producer on one stream, each as a `Push` of its own: batch ids
+    `first_batch_id`.., timestamps `first_ts`.. (relation: their rows, `rows` per batch). Replies
+    `RunReplies` as the batches' outcomes are known: one request for what a producer packed into one
+    message, instead of a request, a future and a reply header each."""
+
+    name = "push"
+    stream: str
+    producer: str
+    first_batch_id: int
+    first_ts: int
+    rows: list[int]
+
+
+@dataclass(frozen=True)
 class Reject(Command):
     """Record a batch the front found bad as rejected, using up its id. Replies `Outcome`."""
 
@@ -386,6 +401,14 @@ class Outcome:
 
 
 @dataclass(frozen=True)
+class RunReplies:
+    """The replies to batches `first`, `first + 1`, .. (places in their `PushRun`): `Outcome` or `Failed` each."""
+
+    first: int
+    items: list[Any]
+
+
+@dataclass(frozen=True)
 class FragmentRan:
     """The fragment's TEs ran (open, or committed if `autocommit`); relations: the emitted streams'
     tuples (in `emitted` order), then the results of a call's statements (`result_ids`)."""
@@ -500,5 +523,5 @@ COMMAND_STEPS = frozenset({Fragment, Decide, Done, StateRead, Span, Flow, Migrat
 """Rounds of a coordinated command or span: meaningful only inside it, so never sent again alone."""
 RECOVERY = frozenset({RecoveryInfo, Recover, ReadMarks})
 """Commands that bring a new worker up: failed, not held, when it dies."""
-TAKES_BATCH = frozenset({Push, Reject, Fragment, Decide, Span, Flow, StateRead, Done, Migrate, MigrateIn})
+TAKES_BATCH = frozenset({Push, PushRun, Reject, Fragment, Decide, Span, Flow, StateRead, Done, Migrate, MigrateIn})
 """Commands that take a batch (or are a step of one): a bug in one stops the worker (partition/worker.py)."""

@@ -14,6 +14,7 @@ import math
 import re
 import struct
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -640,9 +641,26 @@ def decode_rowdata(data: pb.RowData, schema: pa.Schema, what: str) -> pa.Table:
     raise InvalidArgument(f"{what}: no rows: set data.arrow_ipc or data.rows")
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """The batches of one message: `whole` holds all their rows, conformed, when every value fit (the
+    batches are its slices, `sizes` rows each); else `each` holds every batch, or the error refusing it."""
+
+    sizes: list[int]
+    whole: pa.Table | None = None
+    each: list[pa.Table | InvalidArgument] | None = None
+
+    def batches(self) -> list[pa.Table | InvalidArgument]:
+        if self.each is not None:
+            return self.each
+        assert self.whole is not None
+        offsets = itertools.accumulate(self.sizes[:-1], initial=0)
+        return [self.whole.slice(at, n) for at, n in zip(offsets, self.sizes, strict=True)]
+
+
 def decode_batches(
     data: pb.RowData, schema: pa.Schema, sizes: list[int], what: str, name: Callable[[int], str]
-) -> list[pa.Table | InvalidArgument]:
+) -> Decoded:
     """The batches of one message (`sizes` rows each, `name(i)` naming the i-th in errors), conformed to `schema`.
 
     Each batch keeps its own outcome: the message is converted at once (the
@@ -661,13 +679,13 @@ def decode_batches(
     if min(sizes, default=0) < 0 or sum(sizes) != total:
         shown = str(sizes) if len(sizes) <= 8 else f"[{', '.join(map(str, sizes[:8]))}, ... ({len(sizes)} counts)]"
         raise InvalidArgument(f"{what}: batch_rows {shown} must be counts adding up to the {total} rows in data")
-    offsets = list(itertools.accumulate(sizes[:-1], initial=0)) if sizes else []
     try:
         whole = conform(raw, schema, what) if fmt == "arrow_ipc" else rows_to_table(data.rows, schema, what)
-        return [whole.slice(at, n) for at, n in zip(offsets, sizes, strict=True)]
+        return Decoded(sizes, whole=whole)
     except InvalidArgument:
         pass
     out: list[pa.Table | InvalidArgument] = []
+    offsets = itertools.accumulate(sizes[:-1], initial=0)
     for i, (at, n) in enumerate(zip(offsets, sizes, strict=True)):
         try:
             if fmt == "arrow_ipc":
@@ -678,7 +696,7 @@ def decode_batches(
                 )
         except InvalidArgument as e:
             out.append(e)
-    return out
+    return Decoded(sizes, each=out)
 
 
 def encode_rowdata(table: pa.Table, arrow: bool = True) -> pb.RowData:

@@ -172,10 +172,10 @@ class Front:
         """Validates a push's addressing; returns the stream's schema."""
         return checks.push_schema(self.catalog, stream, producer, batch_id)
 
-    def check_rows(self, stream: str, table: pa.Table) -> None:
-        if table.num_rows > self.config.max_batch_rows:
+    def check_rows(self, stream: str, rows: int) -> None:
+        if rows > self.config.max_batch_rows:
             raise ResourceExhausted(
-                f"push to {stream!r}: batch of {table.num_rows} rows exceeds the limit of "
+                f"push to {stream!r}: batch of {rows} rows exceeds the limit of "
                 f"{self.config.max_batch_rows} rows per batch (--max-batch-rows)"
             )
 
@@ -195,6 +195,30 @@ class Front:
         out = self.sequencer.submit(producer, stream, batch_id, dispatch)
         out.add_done_callback(lambda f: f.cancelled() or self._pushed(stream, table.num_rows, f, started))
         return out
+
+    def push_run(
+        self, stream: str, producer: str, first: int, table: pa.Table, sizes: list[int]
+    ) -> list[asyncio.Future] | None:
+        """Consecutive validated batches, from batch id `first`, `sizes` rows each of `table`, as one
+        request to their partition (`pr.PushRun`) when they can go so: one partition, and `first` next in
+        the producer's order. Each future is its batch's outcome, as `push`'s; None: push them one by one."""
+        if len(self.partitions) != 1 or len(sizes) < 2:
+            return None
+        loop = asyncio.get_running_loop()
+        parts = [loop.create_future() for _ in sizes]
+
+        def dispatch(ts: int) -> None:
+            command = pr.PushRun(stream, producer, first, ts, sizes)
+            run = self.gate.run(lambda: self.partitions[HOME].send_run(command, table, parts, self._outcome))
+            run.add_done_callback(lambda f: _fail_parts(f, parts))
+
+        started = time.perf_counter()
+        if not self.sequencer.submit_run(producer, stream, first, len(sizes), dispatch):
+            return None
+        self.counters["push_runs"] += 1
+        for rows, part in zip(sizes, parts, strict=True):
+            part.add_done_callback(lambda f, rows=rows: f.cancelled() or self._pushed(stream, rows, f, started))
+        return parts
 
     def _pushed(self, stream: str, rows: int, out: asyncio.Future, started: float) -> None:
         """A pushed batch's outcome came: its latency, and its stream's counts."""
@@ -558,3 +582,11 @@ def lost_batches(recovered: list[pr.Recovered]) -> dict[tuple[str, str], set[int
 
 
 __all__ = ["Front", "Reply"]
+
+
+def _fail_parts(run: asyncio.Future, parts: list[asyncio.Future]) -> None:
+    """A push run that failed as a whole (its worker gone, say) fails each batch not answered yet."""
+    error = asyncio.CancelledError() if run.cancelled() else run.exception()
+    for part in parts:
+        if error is not None and not part.done():
+            part.set_exception(error)

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streamtx.errors import Unavailable, error_for
+from streamtx.errors import Internal, Unavailable, error_for
 from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
@@ -51,6 +51,8 @@ class _Request:
     tables: list[pa.Table]
     again: bool = False
     then: Callable[[Reply], Any] | None = None  # what the future resolves to: `then(reply)`, else the reply
+    parts: list[asyncio.Future] | None = None  # a PushRun's batches: each gets `then` of its own reply
+    left: int = 0  # parts not answered yet
 
 
 class Partition:
@@ -99,6 +101,23 @@ class Partition:
         req = _Request(fut, command, tables or [], then=then)
         if self.error is not None or self.proc is None or self._writer is None:
             if self.hold_on_exit and not _recovering(command):  # sent to the next worker (or failed: `replay`)
+                self._held[next(self._ids)] = req
+            else:
+                fut.set_exception(Unavailable(self._dead_message()))
+            return fut
+        self._write(next(self._ids), req)
+        return fut
+
+    def send_run(
+        self, command: pr.PushRun, table: pa.Table, parts: list[asyncio.Future], then: Callable[[Reply], Any]
+    ) -> asyncio.Future[None]:
+        """Queues a run of batches as one request: `parts[i]` resolves to `then` of batch i's reply, as it
+        comes; the returned future when every part has (it fails if the request does, leaving parts to
+        the caller)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        req = _Request(fut, command, [table], then=then, parts=parts, left=len(parts))
+        if self.error is not None or self.proc is None or self._writer is None:
+            if self.hold_on_exit:
                 self._held[next(self._ids)] = req
             else:
                 fut.set_exception(Unavailable(self._dead_message()))
@@ -170,8 +189,18 @@ class Partition:
             if frame is None:
                 break
             for response, tables in unpack(frame):
+                if isinstance(response.body, pr.RunReplies):
+                    self._run_replies(response.id, response.body)
+                    continue
                 req = self._pending.pop(response.id, None)
                 if req is None or req.fut.done():
+                    continue
+                if req.parts is not None:  # a run answered as a whole: it failed
+                    body = response.body
+                    failed = isinstance(body, pr.Failed)
+                    req.fut.set_exception(
+                        error_for(body.code, body.message) if failed else Internal(f"push run answered {body!r}")
+                    )
                     continue
                 reply = (_as_original(req, response.body), tables)
                 if req.then is None:
@@ -182,6 +211,28 @@ class Partition:
                 except Exception as e:  # the reply's failure, whatever it is, is the caller's
                     req.fut.set_exception(e)
         await self._on_exit()
+
+    def _run_replies(self, rid: int, replies: pr.RunReplies) -> None:
+        req = self._pending.get(rid)
+        if req is None or req.parts is None:
+            return
+        command = req.command
+        assert isinstance(command, pr.PushRun) and req.then is not None
+        for i, body in enumerate(replies.items, replies.first):
+            part = req.parts[i]
+            if part.done():  # answered by the worker before a restart, and again by this one
+                continue
+            if req.again and isinstance(body, pr.Outcome):
+                body = body.first(command.first_ts + i)
+            try:
+                part.set_result(req.then((body, [])))
+            except Exception as e:
+                part.set_exception(e)
+            req.left -= 1
+        if req.left == 0:
+            del self._pending[rid]
+            if not req.fut.done():
+                req.fut.set_result(None)
 
     async def _on_exit(self) -> None:
         code = None

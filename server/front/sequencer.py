@@ -76,6 +76,23 @@ class Sequencer:
         loop.call_later(self.order_timeout, self._expire, key, batch_id, last)
         return waiter
 
+    def submit_run(self, producer: str, stream: str, first: int, count: int, dispatch: Callable[[int], None]) -> bool:
+        """Dispatches batches `first`.. `first + count - 1` now, at consecutive timestamps from the one
+        given to `dispatch`, if `first` is next in order and none of them is parked; else False (each
+        goes by `submit`)."""
+        key = (producer, stream)
+        if first != self.dispatched.get(key, 0) + 1:
+            return False
+        parked = self._parked.get(key)
+        if parked and min(parked) < first + count:
+            return False
+        ts = self.last_ts + 1
+        self.last_ts += count
+        self.dispatched[key] = first + count - 1
+        dispatch(ts)
+        self._release(key)
+        return True
+
     def _release(self, key: tuple[str, str]) -> None:
         parked = self._parked.get(key)
         while parked:

@@ -35,7 +35,7 @@ from streamtx.server.partitioning import PartitionMap
 from streamtx.server.protocol import Outcome, StatementPlan
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
-from streamtx.wire import decode_batches, decode_rowdata, encode_rowdata, params_from_proto
+from streamtx.wire import Decoded, decode_batches, decode_rowdata, encode_rowdata, params_from_proto
 
 OUTCOMES = {
     "committed": pb.COMMITTED,
@@ -221,7 +221,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         try:
             table = decode_rowdata(request.data, schema, what)
             ack.rows = table.num_rows
-            front.check_rows(request.stream, table)
+            front.check_rows(request.stream, table.num_rows)
         except StreamTxError as e:  # a well-addressed batch with bad rows: its id is used up, rejected
             return front.reject(request.stream, request.producer_id, request.batch_id, e)
         return front.push(request.stream, request.producer_id, request.batch_id, table)
@@ -254,22 +254,40 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             return f"push to {stream!r} (producer {producer!r}, batch {first + i})"
 
         try:
-            parts = decode_batches(request.data, schema, sizes, what, name)
+            decoded = decode_batches(request.data, schema, sizes, what, name)
         except StreamTxError as e:  # every batch of the message is well addressed: ids used up, rejected
-            parts = [e] * len(acks)
-        futures: list[asyncio.Future | None] = []
-        for ack, part in zip(acks, parts, strict=True):
+            parts: list[pa.Table | StreamTxError] = [e] * len(acks)
+        else:
+            run = self._start_run(stream, producer, first, decoded)
+            if run is not None:
+                for ack, n in zip(acks, sizes, strict=True):
+                    ack.rows = n
+                return _Message(self, acks, run)
+            parts = list(decoded.batches())
+        for i, (ack, part) in enumerate(zip(acks, parts, strict=True)):
             if isinstance(part, pa.Table):
                 ack.rows = part.num_rows
                 try:
-                    front.check_rows(stream, part)
+                    front.check_rows(stream, part.num_rows)
                 except StreamTxError as e:
-                    part = e
+                    parts[i] = e
+        futures: list[asyncio.Future | None] = []
+        for ack, part in zip(acks, parts, strict=True):
             if isinstance(part, StreamTxError):
                 futures.append(front.reject(stream, producer, ack.batch_id, part))
             else:
                 futures.append(front.push(stream, producer, ack.batch_id, part))
         return _Message(self, acks, futures)
+
+    def _start_run(self, stream: str, producer: str, first: int, decoded: Decoded) -> list[asyncio.Future] | None:
+        """The batches as one run (`Front.push_run`) when every one is good and they can go so; else None."""
+        if decoded.whole is None:
+            return None
+        try:
+            self.front.check_rows(stream, max(decoded.sizes))
+        except StreamTxError:
+            return None  # batch by batch: each too large one is refused alone
+        return self.front.push_run(stream, producer, first, decoded.whole, decoded.sizes)
 
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:

@@ -34,7 +34,7 @@ from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
-from streamtx.server.ipc import Frame, SocketFrames, unpack
+from streamtx.server.ipc import Frame, SocketFrames, split_runs, unpack
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition import checkpoints, replay
 from streamtx.server.partition.dataflow import Dataflow, Push
@@ -86,6 +86,28 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+@dataclass(slots=True)
+class _RunPart:
+    """One batch of a `PushRun` (request `id`), taken as a push of its own and answered by its place."""
+
+    id: int
+    index: int
+    push: Push
+
+
+def _run_parts(request: pr.Request, tables: list[pa.Table]) -> list[Frame]:
+    c = request.command
+    batches, _ = split_runs([c.rows], tables)
+    return [
+        (_RunPart(request.id, i, Push(c.stream, c.producer, c.first_batch_id + i, c.first_ts + i, b)), [])
+        for i, b in enumerate(batches)
+    ]
+
+
+def _is_push(header: Any) -> bool:
+    return isinstance(header, _RunPart) or (isinstance(header, pr.Request) and isinstance(header.command, pr.Push))
+
+
 OVER_WORKING_SET = (pr.Fragment, pr.Flow, pr.Decide, pr.Done)
 
 
@@ -113,7 +135,8 @@ class Worker:
         self.journal = Journal.open(
             config.durability, self.data_dir, self._wake, config.group_commit_ms, self.engine.meter.log_sync.observe
         )
-        self.acks: collections.deque[tuple[int, pr.Response, list[pa.Table]]] = collections.deque()
+        # (lsn, request id, place in its PushRun or None, reply, relations), answered once lsn is durable
+        self.acks: collections.deque[tuple[int, int, int | None, Any, list[pa.Table]]] = collections.deque()
         self.checkpointing = False
         self.collector = Collector()
         self.checkpoint_started = 0.0  # perf_counter at the cut of the checkpoint being written
@@ -194,6 +217,12 @@ class Worker:
             if isinstance(request, _Written):
                 self._checkpointed(request)
                 continue
+            if _is_push(request):
+                group, held = self._interval(frame)
+                self._pushes(group)
+                self._await_log()
+                self._flush_acks()
+                continue
             command = request.command
             if isinstance(command, pr.Shutdown):
                 self.journal.log.flush()
@@ -201,12 +230,6 @@ class Worker:
                 self.journal.log.close()
                 self.frames.write(pr.Response(request.id))
                 return
-            if isinstance(command, pr.Push):
-                group, held = self._interval(frame)
-                self._pushes(group)
-                self._await_log()
-                self._flush_acks()
-                continue
             try:
                 reply, out_tables = self.handle(request, tables)
             except Exception as e:
@@ -235,13 +258,18 @@ class Worker:
 
     def _take(self, timeout: float | None) -> Frame | None:
         """The next frame; `timeout` 0: only one queued already (else queue.Empty), None: as long as it takes."""
-        if self._backlog:
-            return self._backlog.popleft()
-        item = self.inbox.get_nowait() if timeout == 0 else self.inbox.get(timeout=timeout)
-        if item is None:
-            return None
-        self._backlog.extend(item)
-        return self._backlog.popleft()
+        if not self._backlog:
+            item = self.inbox.get_nowait() if timeout == 0 else self.inbox.get(timeout=timeout)
+            if item is None:
+                return None
+            self._backlog.extend(item)
+        frame = self._backlog.popleft()
+        header = frame[0]
+        if isinstance(header, pr.Request) and isinstance(header.command, pr.PushRun):
+            parts = _run_parts(header, frame[1])
+            self._backlog.extendleft(reversed(parts[1:]))
+            return parts[0]
+        return frame
 
     def _await_log(self) -> None:
         """After an interval: its record is fsynced now, and waited for up to `--group-commit-ms`.
@@ -279,7 +307,7 @@ class Worker:
             if isinstance(nxt[0], _Wake):
                 self._flush_acks()
                 continue
-            if not isinstance(nxt[0], pr.Request) or not isinstance(nxt[0].command, pr.Push):
+            if not _is_push(nxt[0]):
                 return group, nxt
             group.append(nxt)
         return group, None
@@ -288,8 +316,11 @@ class Worker:
         """Queued batches go to the dataflow together: one DuckDB transaction when none aborts."""
         pushes = []
         for r, t in group:
-            c = r.command
-            pushes.append(Push(c.stream, c.producer, c.batch_id, c.ts, t[0]))
+            if isinstance(r, _RunPart):
+                pushes.append(r.push)
+            else:
+                c = r.command
+                pushes.append(Push(c.stream, c.producer, c.batch_id, c.ts, t[0]))
         try:
             results: list[Any] = self.dataflow.run_pushes(pushes)
         except Exception as e:
@@ -300,9 +331,10 @@ class Worker:
             else:
                 self._ack(r, result, [])
 
-    def _ack(self, request: pr.Request, reply: Any, tables: list[pa.Table]) -> None:
+    def _ack(self, request: pr.Request | _RunPart, reply: Any, tables: list[pa.Table]) -> None:
         """Answers a command once the log records of everything committed so far are durable."""
-        self.acks.append((self.journal.last_lsn, pr.Response(request.id, reply), tables))
+        index = request.index if isinstance(request, _RunPart) else None
+        self.acks.append((self.journal.last_lsn, request.id, index, reply, tables))
 
     def _flush_acks(self) -> None:
         if not self.acks:
@@ -313,11 +345,23 @@ class Worker:
             log.event("log_failed", f"command log failed: {failed}", level="error", partition=self.engine.partition)
             os._exit(3)  # acknowledging nothing more; the restarted partition recovers
         ready: list[Frame] = []
+        run: tuple[int, int, list[Any]] | None = None  # the run reply being filled: request id, first, items
+        sent = 0
         while self.acks and self.acks[0][0] <= durable:
-            _, reply, tables = self.acks.popleft()
-            ready.append((reply, tables))
+            _, rid, index, reply, tables = self.acks.popleft()
+            sent += 1
+            if index is None:
+                ready.append((pr.Response(rid, reply), tables))
+            elif run is not None and run[0] == rid and run[1] + len(run[2]) == index:
+                run[2].append(reply)  # the next batch of the same run: one reply for the batches acked together
+                continue
+            else:
+                run = (rid, index, [reply])
+                ready.append((pr.Response(rid, pr.RunReplies(index, run[2])), []))
+                continue
+            run = None
         if ready:
-            self._maybe_fail_before_acks(len(ready))
+            self._maybe_fail_before_acks(sent)
             self.frames.write_many(ready)
 
     def _maybe_fail_before_acks(self, n: int) -> None:
@@ -372,7 +416,7 @@ class Worker:
     def _ok(self, request: pr.Request, reply: Any, tables: list[pa.Table]) -> None:
         self.frames.write(pr.Response(request.id, reply), tables)
 
-    def _error(self, request: pr.Request, e: Exception) -> None:
+    def _error(self, request: pr.Request | _RunPart, e: Exception) -> None:
         """A StreamTxError is the client's answer; anything else is a bug, reported.
 
         A bug while taking a batch (or a step of a coordinated command) stops
@@ -382,12 +426,13 @@ class Worker:
         ends in the server stopping, with this traceback in its log. A bug in
         any other command is answered INTERNAL and the worker goes on.
         """
+        run_part = isinstance(request, _RunPart)
         if not isinstance(e, StreamTxError):
-            fatal = type(request.command) in pr.TAKES_BATCH
+            fatal = run_part or type(request.command) in pr.TAKES_BATCH
             then = "stopping this worker (the front restarts it)" if fatal else "answered INTERNAL"
             log.event(
                 "internal_error",
-                f"internal error in {request.command.name!r}; {then}",
+                f"internal error in {'push' if run_part else request.command.name!r}; {then}",
                 level="error",
                 partition=self.engine.partition,
                 detail="".join(traceback.format_exception(e)),
@@ -395,7 +440,8 @@ class Worker:
             if fatal:
                 os._exit(4)
             e = Internal(f"partition {self.engine.partition}: {type(e).__name__}: {e}")
-        self.frames.write(pr.Response(request.id, pr.Failed(e.code.value[0], e.message)))
+        failed = pr.Failed(e.code.value[0], e.message)
+        self.frames.write(pr.Response(request.id, pr.RunReplies(request.index, [failed]) if run_part else failed))
 
     def handle(self, request: pr.Request, tables: list[pa.Table]) -> tuple[Any, list[pa.Table]]:
         """Every command but a push or a coordinated TE's: DuckDB is brought up to date first.

@@ -18,14 +18,19 @@ import signal
 import time
 
 import grpc
+import pyarrow as pa
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.acks import expand
 from support.partitions import ACCOUNTS, ACCOUNTS_ON, HITS, deposits
 from support.processes import Launched, workers_of
 
 from streamtx.client import Client
 from streamtx.errors import DataLoss
 from streamtx.server.embedded import EmbeddedServer
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
+from streamtx.wire import table_to_ipc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -156,21 +161,38 @@ def test_health_is_not_serving_while_the_workers_restart_then_serving(tmp_path):
         assert c.status()["counters"]["restarts"] == 1
 
 
-def test_batches_a_dead_worker_applied_but_did_not_answer_get_their_first_outcome(tmp_path, monkeypatch):
-    """The worker dies with acks durable but unsent: its successor answers them from the log, nothing runs twice."""
+@pytest.mark.parametrize("partitions", [1, 2])
+def test_batches_a_dead_worker_applied_but_did_not_answer_get_their_first_outcome(tmp_path, monkeypatch, partitions):
+    """The worker dies with acks durable but unsent: its successor answers them from the log, nothing runs twice.
+
+    The batches go 20 to a message; at P = 1 each message reaches the worker as one push run, answered
+    partly before the death and the rest by the successor."""
     flag = tmp_path / "died"
-    monkeypatch.setenv("STREAMTX_FAULT_EXIT_BEFORE_ACK", f"1:20:{flag}")
-    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target) as c:
+    monkeypatch.setenv("STREAMTX_FAULT_EXIT_BEFORE_ACK", f"{partitions - 1}:30:{flag}")
+    with EmbeddedServer(tmp_path / "data", partitions=partitions) as srv, Client(srv.target) as c:
         c.deploy(HITS)
-        accounts = ACCOUNTS_ON[1]
-        futures = [c.push("hits", {"account": [accounts[i % 4]], "n": [i]}) for i in range(200)]
-        results = [f.result(timeout=120) for f in futures]
+        accounts = ACCOUNTS_ON[partitions - 1]
+        table = pa.table({"account": [accounts[i % 4] for i in range(200)], "n": list(range(200))})
+        messages = [
+            pb.PushRequest(
+                stream="hits",
+                producer_id="p",
+                batch_id=first + 1,
+                data=pb.RowData(arrow_ipc=table_to_ipc(table.slice(first, 20))),
+                batch_rows=[1] * 20,
+            )
+            for first in range(0, 200, 20)
+        ]
+        with grpc.insecure_channel(srv.target) as channel:
+            acks = expand(list(pb_grpc.StreamTxStub(channel).PushStream(iter(messages), timeout=120)))
         assert flag.exists()
-        assert [r.outcome for r in results] == ["committed"] * 200
-        assert len({r.timestamp for r in results}) == 200 and all(r.timestamp > 0 for r in results)
+        assert [(b, o) for b, o, _, _ in acks] == [(b, pb.COMMITTED) for b in range(1, 201)]
+        assert len({t for *_, t in acks}) == 200 and all(t > 0 for *_, t in acks)
         want = {a: sum(i for i in range(200) if accounts[i % 4] == a) for a in accounts}
         assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == want
-        assert c.status()["counters"]["restarts"] == 1
+        counters = c.status()["counters"]
+        assert counters["restarts"] == 1
+        assert (counters.get("push_runs", 0) == 10) == (partitions == 1)
 
 
 def test_a_call_a_dead_worker_committed_but_did_not_answer_is_data_loss_not_run_twice(tmp_path, monkeypatch):
