@@ -98,14 +98,7 @@ class Partition:
         its reader sees the end of the socket and holds or fails what is pending (`_on_exit`).
         """
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        req = _Request(fut, command, tables or [], then=then)
-        if self.error is not None or self.proc is None or self._writer is None:
-            if self.hold_on_exit and not _recovering(command):  # sent to the next worker (or failed: `replay`)
-                self._held[next(self._ids)] = req
-            else:
-                fut.set_exception(Unavailable(self._dead_message()))
-            return fut
-        self._write(next(self._ids), req)
+        self._queue(_Request(fut, command, tables or [], then=then))
         return fut
 
     def send_run(
@@ -115,15 +108,17 @@ class Partition:
         comes; the returned future when every part has (it fails if the request does, leaving parts to
         the caller)."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        req = _Request(fut, command, [table], then=then, parts=parts, left=len(parts))
+        self._queue(_Request(fut, command, [table], then=then, parts=parts, left=len(parts)))
+        return fut
+
+    def _queue(self, req: _Request) -> None:
         if self.error is not None or self.proc is None or self._writer is None:
-            if self.hold_on_exit:
+            if self.hold_on_exit and not _recovering(req.command):  # sent to the next worker (or failed: `replay`)
                 self._held[next(self._ids)] = req
             else:
-                fut.set_exception(Unavailable(self._dead_message()))
-            return fut
+                req.fut.set_exception(Unavailable(self._dead_message()))
+            return
         self._write(next(self._ids), req)
-        return fut
 
     def _write(self, rid: int, req: _Request) -> None:
         self._pending[rid] = req
