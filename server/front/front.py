@@ -586,7 +586,12 @@ __all__ = ["Front", "Reply"]
 
 def _fail_parts(run: asyncio.Future, parts: list[asyncio.Future]) -> None:
     """A push run that failed as a whole (its worker gone, say) fails each batch not answered yet."""
-    error = asyncio.CancelledError() if run.cancelled() else run.exception()
+    if not run.cancelled() and run.exception() is None:
+        return
     for part in parts:
-        if error is not None and not part.done():
-            part.set_exception(error)
+        if part.done():
+            continue
+        if run.cancelled():
+            part.cancel()
+        else:
+            part.set_exception(run.exception())  # type: ignore[arg-type]
