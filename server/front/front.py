@@ -11,7 +11,7 @@ import asyncio
 import collections
 import itertools
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -199,26 +199,69 @@ class Front:
     def push_run(
         self, stream: str, producer: str, first: int, table: pa.Table, sizes: list[int]
     ) -> list[asyncio.Future] | None:
-        """Consecutive validated batches, from batch id `first`, `sizes` rows each of `table`, as one
-        request to their partition (`pr.PushRun`) when they can go so: one partition, and `first` next in
-        the producer's order. Each future is its batch's outcome, as `push`'s; None: push them one by one."""
-        if len(self.partitions) != 1 or len(sizes) < 2:
+        """Consecutive validated batches, from batch id `first`, `sizes` rows each of `table`, sequenced
+        together when they can go so (`first` next in the producer's order): with one partition as one
+        request (`pr.PushRun`), with several as flow batches (front/flows.py) if every batch of the
+        stream is one. Each future is its batch's outcome, as `push`'s; None: push them one by one."""
+        if len(sizes) < 2:
             return None
-        loop = asyncio.get_running_loop()
-        parts = [loop.create_future() for _ in sizes]
+        if len(self.partitions) == 1:
+            dispatch = self._run_at_home(stream, producer, first, table, sizes)
+        elif self._flows_only(stream):
+            dispatch = self._flow_run(stream, producer, first, table, sizes)
+        else:
+            return None
+        futures: list[asyncio.Future] = []
+        started = time.perf_counter()
+        if not self.sequencer.submit_run(producer, stream, first, len(sizes), lambda ts: futures.extend(dispatch(ts))):
+            return None
+        self.counters["push_runs"] += 1
+        for rows, fut in zip(sizes, futures, strict=True):
+            fut.add_done_callback(lambda f, rows=rows: f.cancelled() or self._pushed(stream, rows, f, started))
+        return futures
 
-        def dispatch(ts: int) -> None:
+    def _run_at_home(
+        self, stream: str, producer: str, first: int, table: pa.Table, sizes: list[int]
+    ) -> Callable[[int], list[asyncio.Future]]:
+        def dispatch(ts: int) -> list[asyncio.Future]:
+            loop = asyncio.get_running_loop()
+            parts = [loop.create_future() for _ in sizes]
             command = pr.PushRun(stream, producer, first, ts, sizes)
             run = self.gate.run(lambda: self.partitions[HOME].send_run(command, table, parts, self._outcome))
             run.add_done_callback(lambda f: _fail_parts(f, parts))
+            return parts
 
-        started = time.perf_counter()
-        if not self.sequencer.submit_run(producer, stream, first, len(sizes), dispatch):
-            return None
-        self.counters["push_runs"] += 1
-        for rows, part in zip(sizes, parts, strict=True):
-            part.add_done_callback(lambda f, rows=rows: f.cancelled() or self._pushed(stream, rows, f, started))
-        return parts
+        return dispatch
+
+    def _flows_only(self, stream: str) -> bool:
+        """Whether every batch of the stream goes as `_dispatch_push` sends a flow batch (or alone, coordinated)."""
+        placement = self.catalog.placement
+        return (
+            self.gate.span_runner is not None
+            and stream in placement.flows
+            and stream not in placement.stream_keys
+            and placement.push_mode.get(stream, COORDINATED) == COORDINATED
+        )
+
+    def _flow_run(
+        self, stream: str, producer: str, first: int, table: pa.Table, sizes: list[int]
+    ) -> Callable[[int], list[asyncio.Future]]:
+        """The batches' owners found with one lookup for the message, then each batch as `_dispatch_push`'s."""
+        placement = self.catalog.placement
+        each_row = placement.flows[stream]
+
+        def dispatch(ts: int) -> list[asyncio.Future]:
+            owners = self.map.owners(table.column(placement.streams[stream])).tolist() if table.num_rows else []
+            out = []
+            at = 0
+            for i, n in enumerate(sizes):
+                batch = table.slice(at, n)
+                joins = _flow_owners(owners[at : at + n], each_row)
+                out.append(self._coordinated_push(stream, producer, first + i, ts + i, batch, joins))
+                at += n
+            return out
+
+        return dispatch
 
     def _pushed(self, stream: str, rows: int, out: asyncio.Future, started: float) -> None:
         """A pushed batch's outcome came: its latency, and its stream's counts."""
@@ -309,7 +352,6 @@ class Front:
             assert target is not None
             return self.partitions[target].send(command, [table], then=self._outcome)
 
-        item = None
         if self.gate.span_runner is not None and stream in self.catalog.placement.stream_keys:
             if target is None:
                 involved = (HOME, *self.map.partitions_of(table, self.catalog.placement.stream_keys[stream]))
@@ -318,25 +360,26 @@ class Front:
             procedure = self.catalog.consumers[stream][0]
             alone = coordinated if target is None else local
             item = SpanPush(stream, producer, batch_id, ts, table, procedure, tuple(sorted(set(involved))), alone)
-        elif self.gate.span_runner is not None and target is None and stream in self.catalog.placement.flows:
-            owners = self._flow_owners(stream, table)
-            if owners is not None:
-                item = FlowPush(stream, producer, batch_id, ts, table, owners, coordinated)
-        if target is None:
-            return self.gate.run_coordinated(coordinated, item)
-        return self.gate.run(local, item)
+            return self.gate.run_coordinated(coordinated, item) if target is None else self.gate.run(local, item)
+        if target is not None:
+            return self.gate.run(local)
+        joins = None
+        if self.gate.span_runner is not None and stream in self.catalog.placement.flows and table.num_rows:
+            keys = table.column(self.catalog.placement.streams[stream])
+            joins = _flow_owners(self.map.owners(keys).tolist(), self.catalog.placement.flows[stream])
+        return self._coordinated_push(stream, producer, batch_id, ts, table, joins)
 
-    def _flow_owners(self, stream: str, table: pa.Table) -> tuple[int, ...] | None:
-        """Where a batch's entry runs, if it can join a flow (front/flows.py): the partition owning all its
-        keys, or, FOR EACH ROW (its tuples run one at a time, each with all it triggers), each row's."""
-        placement = self.catalog.placement
-        if table.num_rows == 0:
-            return None
-        keys = table.column(placement.streams[stream])
-        if table.num_rows > 1 and placement.flows[stream]:
-            return tuple(self.map.owners(keys).tolist())
-        owner = self.map.sole_owner(keys)
-        return None if owner is None else (owner,)
+    def _coordinated_push(
+        self, stream: str, producer: str, batch_id: int, ts: int, table: pa.Table, joins: tuple[int, ...] | None
+    ) -> asyncio.Future:
+        """A batch that spans partitions: alone as a coordinated command, or in a flow where `joins` says
+        its entry runs (`_flow_owners`)."""
+
+        def coordinated() -> Awaitable[pr.Outcome]:
+            return self.coordinator.push(stream, producer, batch_id, ts, table)
+
+        item = None if joins is None else FlowPush(stream, producer, batch_id, ts, table, joins, coordinated)
+        return self.gate.run_coordinated(coordinated, item)
 
     async def _run_together(self, span: Span) -> list[pr.Outcome | BaseException]:
         """A run of batches the gate let go together: each stretch of spans' or flows' batches by its kind.
@@ -595,3 +638,14 @@ def _fail_parts(run: asyncio.Future, parts: list[asyncio.Future]) -> None:
             part.cancel()
         else:
             part.set_exception(run.exception())  # type: ignore[arg-type]
+
+
+def _flow_owners(rows: list[int], each_row: bool) -> tuple[int, ...] | None:
+    """Where a batch's entry runs, if it can join a flow (front/flows.py), from its rows' owners: the one
+    partition owning all its keys, or, FOR EACH ROW (its tuples run one at a time, each with all it
+    triggers), each row's; None if it cannot (no rows, or keys of several partitions)."""
+    if not rows:
+        return None
+    if len(rows) > 1 and each_row:
+        return tuple(rows)
+    return (rows[0],) if len(set(rows)) == 1 else None

@@ -19,14 +19,19 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pyarrow as pa
 import pytest
 from conftest import drop_all
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.acks import expand
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
+from streamtx.wire import table_to_ipc
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -173,3 +178,35 @@ def test_for_each_row_batches_spanning_partitions_run_in_flows(servers):
     assert (acks, got_items, got_totals) == (p1_acks, items, totals)
     assert counters.get("flow_batches", 0) > 100, counters
     assert counters.get("flows_cut", 0) > 0, counters
+
+
+@pytest.mark.parametrize("script", [SCRIPT, EACH_ROW], ids=["batch", "each-row"])
+def test_a_packed_message_is_sequenced_at_once_and_runs_as_its_batches_would(servers, script):
+    """Every batch of one PushStream message goes as a run (`push_runs`): at P = 2 each batch joins a flow
+    or runs alone exactly as if sent by itself, so acks and tables equal P = 1's and the model's."""
+    batches = [[(i % 13, (i * 5) % 23 - 1)] if i % 4 else [(i % 16, i % 9), ((i + 5) % 16, i % 7)] for i in range(60)]
+    rows_of = [r for b in batches for r in b]
+    message = pb.PushRequest(
+        stream="inp",
+        producer_id="packed",
+        batch_id=1,
+        data=pb.RowData(arrow_ipc=table_to_ipc(table(rows_of))),
+        batch_rows=[len(b) for b in batches],
+    )
+    items, totals = model(batches, each_row=script == EACH_ROW)
+    seen = {}
+    for name, srv in servers.items():
+        with Client(srv.target) as c:
+            drop_all(c)
+            c.deploy(script)
+            c.call("setup")
+            before = c.status()["counters"].get("push_runs", 0)
+            with grpc.insecure_channel(srv.target) as channel:
+                acks = expand(list(pb_grpc.StreamTxStub(channel).PushStream(iter([message]), timeout=120)))
+            assert c.query("SELECT k, v FROM items ORDER BY k").fetchall() == items, name
+            assert c.query("SELECT n, s FROM totals").fetchall() == [totals], name
+            runs = c.status()["counters"].get("push_runs", 0) - before
+        assert [b for b, *_ in acks] == list(range(1, 61)), name
+        seen[name] = [(o, orig) for _, o, orig, _ in acks]
+        assert runs == (0 if SERVERS[name][1] == "serial" else 1), (name, runs)
+    assert all(outcomes == seen["P1"] for outcomes in seen.values()), seen
