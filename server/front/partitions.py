@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from streamtx.errors import Internal, Unavailable, error_for
+from streamtx.errors import Unavailable, error_for
 from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
@@ -189,13 +189,6 @@ class Partition:
                     continue
                 req = self._pending.pop(response.id, None)
                 if req is None or req.fut.done():
-                    continue
-                if req.parts is not None:  # a run answered as a whole: it failed
-                    body = response.body
-                    failed = isinstance(body, pr.Failed)
-                    req.fut.set_exception(
-                        error_for(body.code, body.message) if failed else Internal(f"push run answered {body!r}")
-                    )
                     continue
                 reply = (_as_original(req, response.body), tables)
                 if req.then is None:

@@ -352,14 +352,12 @@ class Worker:
             sent += 1
             if index is None:
                 ready.append((pr.Response(rid, reply), tables))
+                run = None
             elif run is not None and run[0] == rid and run[1] + len(run[2]) == index:
                 run[2].append(reply)  # the next batch of the same run: one reply for the batches acked together
-                continue
             else:
                 run = (rid, index, [reply])
                 ready.append((pr.Response(rid, pr.RunReplies(index, run[2])), []))
-                continue
-            run = None
         if ready:
             self._maybe_fail_before_acks(sent)
             self.frames.write_many(ready)
