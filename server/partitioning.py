@@ -116,6 +116,13 @@ def _chunk_hashes(values: pa.Array) -> np.ndarray:
     raise InvalidArgument(f"cannot partition by a column of type {t}; partition keys are integers, strings or dates")
 
 
+def bins_of(values: pa.Array | pa.ChunkedArray, bins: int) -> np.ndarray:
+    """The bin of each key (int64), of `bins` bins."""
+    hashed = key_hashes(values)
+    np.remainder(hashed, np.uint64(bins), out=hashed)
+    return hashed.view(np.int64)
+
+
 def scalar_hash(value: object, arrow_type: pa.DataType) -> int:
     """The hash of one key (a call's partitioning parameter), equal to `key_hashes` of it."""
     return int(key_hashes(pa.array([value], type=arrow_type))[0])
@@ -148,9 +155,7 @@ class PartitionMap:
         """The owning partition of each key."""
         if len(values) <= SMALL and _py_hashable(values.type):
             return np.array([self.owner[_py_hash(v) % self.bins] for v in values.to_pylist()], dtype=np.int32)
-        bins = key_hashes(values)
-        np.remainder(bins, np.uint64(self.bins), out=bins)
-        return np.asarray(self.owner, dtype=np.int32)[bins.view(np.int64)]
+        return np.asarray(self.owner, dtype=np.int32)[bins_of(values, self.bins)]
 
     def sole_owner(self, values: pa.Array | pa.ChunkedArray) -> int | None:
         """The one partition owning every key (as `owners` places them, NULL included), or None if several do."""

@@ -41,6 +41,7 @@ from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
 from streamtx.server.catalog.placement import PARTITIONED, SINGLE
+from streamtx.server.partition.binned import BinnedKeys
 from streamtx.server.partitioning import PartitionMap
 
 if TYPE_CHECKING:
@@ -128,10 +129,11 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     """Deletes (in the open transaction) the rows of partitioned tables `new` places elsewhere; returns
     them as (partition, table) and one relation each, in a deterministic order.
 
-    The bin is computed from the key, not stored: each table's key column is
-    read once and hashed in one vectorized pass (a DuckDB function would be
-    called per 2,048 rows, ten times slower), then one `DELETE ... RETURNING`
-    takes out the leaving rows by row id.
+    The bin is computed from the key, not stored: the table's keys are read
+    and hashed in one vectorized pass (a DuckDB function would be called per
+    2,048 rows, ten times slower), and kept with their bins for the next
+    steps where they can be (`BinnedKeys`); one `DELETE ... RETURNING` then
+    takes out the leaving rows by key, or by row id for other tables.
     """
     reason = unmovable(eng.catalog)
     if reason is not None:
@@ -144,14 +146,19 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     parts: list[tuple[int, str]] = []
     out: list[pa.Table] = []
     for table, column in moving:
-        keys = con.sql(f"SELECT rowid, {quote(column)} FROM {quote(table)}").to_arrow_table()
-        leaving = new.owners(keys.column(1)) != eng.partition
-        if not leaving.any():
+        taken = _leaving_keys(eng, table, column, new)
+        if taken is None:
+            keys = con.sql(f"SELECT rowid, {quote(column)} FROM {quote(table)}").to_arrow_table()
+            leaving = new.owners(keys.column(1)) != eng.partition
+            taken, by = keys.column(0).filter(pa.array(leaving)), "rowid"
+        else:
+            by = quote(column)
+        if not len(taken):
             continue
-        con.register("__streamtx_leaving", pa.table({"id": keys.column(0).filter(pa.array(leaving))}))
+        con.register("__streamtx_leaving", pa.table({"id": taken}))
         try:
             rows = con.sql(
-                f"DELETE FROM {quote(table)} WHERE rowid IN (SELECT id FROM __streamtx_leaving) RETURNING *"
+                f"DELETE FROM {quote(table)} WHERE {by} IN (SELECT id FROM __streamtx_leaving) RETURNING *"
             ).to_arrow_table()
         finally:
             con.unregister("__streamtx_leaving")
@@ -163,6 +170,26 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     if parts:
         eng.state.refresh_views(frozenset(t for _, t in parts))
     return parts, out
+
+
+def _leaving_keys(eng: Engine, table: str, column: str, new: PartitionMap) -> pa.Array | None:
+    """The keys of `table` (as many as it holds, maybe more) whose bins `new` gives away, from the keys kept
+    since the last step (`BinnedKeys`) or read now and kept; None if the table's keys cannot be kept so."""
+    index = eng.state.index
+    if index.kinds.get(table) != (int,) or eng.state.key_columns.get(table) != (column,):
+        return None
+    binned = index.binned.get(table)
+    if binned is not None and binned.nbins == new.bins:
+        taken = binned.take(eng.map, new, eng.partition)
+        if taken is not None:
+            return taken
+    binned = BinnedKeys.read(eng.con, table, column, new.bins)
+    eng.counters["migration_key_reads"] += 1
+    if binned is None:
+        index.binned.pop(table, None)
+        return None
+    index.binned[table] = binned
+    return binned.take(eng.map, new, eng.partition)
 
 
 def gives_bins(old: PartitionMap, new: PartitionMap, partition: int) -> bool:

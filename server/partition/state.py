@@ -36,6 +36,7 @@ from streamtx.errors import Aborted, Internal, InvalidArgument
 from streamtx.procedure import Event, Row
 from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, TS_COLUMN, quote
 from streamtx.server.ipc import split_runs
+from streamtx.server.partition.binned import BinnedKeys
 from streamtx.server.partition.marks import Mark, Taken
 from streamtx.server.partition.opchain import WorkingSet, apply_event
 from streamtx.server.partition.ports import Parts
@@ -118,30 +119,41 @@ class KeyIndex:
     rollback drops all (a set read inside the transaction may lack a deleted
     row the rollback brings back). Only keys of the column's own Python type
     are judged by it (an int for an integer key, a str for a string key), as
-    DuckDB would cast any other before comparing.
+    DuckDB would cast any other before comparing. A migration's keys by bin
+    (`binned`, partition/binned.py) follow the same rules.
     """
 
     def __init__(self) -> None:
         self.kinds: dict[str, tuple[type, ...]] = {}  # table -> its key columns' Python types (indexable tables)
         self.keys: dict[str, set[Any]] = {}
         self.looked_up: dict[str, int] = {}
+        self.binned: dict[str, BinnedKeys] = {}
 
     def reset(self, kinds: dict[str, tuple[type, ...]]) -> None:
         self.kinds = kinds
         self.keys = {}
         self.looked_up = {}
+        self.binned = {}
 
     def forget(self, tables: Iterable[str] | None = None) -> None:
         """DuckDB's SQL may write `tables` (None: any): their sets no longer hold."""
         if tables is None:
             self.keys = {}
             self.looked_up = {}
+            self.binned = {}
             return
         for t in tables:
             self.keys.pop(t, None)
             self.looked_up.pop(t, None)
+            self.binned.pop(t, None)
 
     def add(self, table: str, keys: Iterable[Any]) -> None:
+        binned = self.binned.get(table)
+        if binned is not None:
+            keys = list(keys)
+            binned.pending.update(keys)
+            if binned.full:
+                del self.binned[table]
         held = self.keys.get(table)
         if held is not None:
             held.update(keys)
@@ -688,14 +700,20 @@ class StateStore:
             self.ws.drop(writes)
 
     def index_keys(self, table: str, rows: pa.Table) -> None:
-        """Rows with these keys were inserted by SQL: the table's key set (if held) takes them."""
+        """Rows with these keys were inserted by SQL: the table's key set and keys by bin (if held) take them."""
         cols = self.key_columns.get(table)
-        if cols is None or table not in self.index.keys:
+        if cols is None:
+            return
+        binned = self.index.binned.get(table)
+        if binned is not None:  # as an array: a step may bring half a partition's keys
+            binned.arrived.append(rows.column(cols[0]))
+        held = self.index.keys.get(table)
+        if held is None:
             return
         if len(cols) == 1:
-            self.index.add(table, rows.column(cols[0]).to_pylist())
+            held.update(rows.column(cols[0]).to_pylist())
         else:
-            self.index.add(table, zip(*(rows.column(c).to_pylist() for c in cols), strict=True))
+            held.update(zip(*(rows.column(c).to_pylist() for c in cols), strict=True))
 
     def flush(self) -> None:
         """Writes everything held back, inside the open transaction: dirty rows, retained outputs, trims, marks.

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 
 import grpc
+import pyarrow as pa
 import pytest
 from support.partitions import ACCOUNTS, deposits
 
@@ -288,3 +289,54 @@ def test_cli_rebalance_moves_bins_and_status_shows_the_map(server, capsys):
     assert "0:508 1:516" in capsys.readouterr().out
     assert cli.main([*t, "rebalance", "--even", "-q"]) == 0
     assert json.loads(capsys.readouterr().out.strip())["bins_per_partition"] == [512, 512]
+
+
+KEYED = """
+CREATE TABLE counts (k BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (k);
+CREATE STREAM words (k BIGINT) PARTITION BY (k);
+CREATE PROCEDURE count_words ON STREAM words AS BEGIN
+    INSERT INTO counts SELECT k, count(*) FROM words GROUP BY k ON CONFLICT DO UPDATE SET n = counts.n + excluded.n;
+END;
+CREATE PROCEDURE add_keys (lo BIGINT, hi BIGINT) AS BEGIN
+    INSERT INTO counts SELECT i, 0 FROM range($lo, $hi) t(i) ON CONFLICT DO NOTHING;
+END;
+"""
+
+
+def test_keys_written_between_steps_leave_with_their_bins(tmp_path):
+    """A partition keeps the keys it read at one step, with their bins, for the next (partition/binned.py):
+    keys that the compiled upsert, plain SQL or an arriving step added since must leave with their bins."""
+    owner = list(PartitionMap.round_robin(2, 1024).owner)
+    expected: Counter[int] = Counter({k: 0 for k in range(2000)})
+
+    def move(c: Client, first: int, last: int, to: int, strategy: str = "fluid") -> None:
+        list(c.rebalance([(first, last, to)], strategy=strategy, bins_per_step=8))
+        owner[first : last + 1] = [to] * (last - first + 1)
+        counts = dict(c.query("SELECT k, n FROM counts").fetchall())
+        assert counts == dict(expected)
+        placed = Counter(PartitionMap(1024, tuple(owner)).owners_of(list(counts)).tolist())
+        rows = c.status()["counters"]
+        assert [rows.get(f"partition{p}.rows.counts", 0) for p in (0, 1)] == [placed[0], placed[1]]
+
+    def words(c: Client, keys: list[int]) -> None:
+        futures = [c.push("words", pa.table({"k": pa.array([k], pa.int64())})) for k in keys]
+        assert {f.result(timeout=60).outcome for f in futures} == {"committed"}
+        expected.update(keys)
+
+    with EmbeddedServer(tmp_path / "data", partitions=2) as srv, Client(srv.target, producer_id="keys") as c:
+        c.deploy(KEYED)
+        c.call("add_keys", lo=0, hi=2000)
+        words(c, list(range(0, 2000, 7)))
+        move(c, 0, 63, 1)  # partition 0 reads its keys once
+        words(c, list(range(5000, 5400)))  # new keys, by the compiled upsert, in every bin
+        expected.update({k: 0 for k in range(6000, 6400)})
+        c.call("add_keys", lo=6000, hi=6400)  # and by SQL: what was kept is dropped
+        move(c, 64, 255, 1, "batched")
+        words(c, list(range(7000, 7300)))
+        move(c, 256, 511, 1, "batched")
+        assert c.status()["counters"]["partition0.migration_key_reads"] == 2
+        move(c, 0, 511, 0, "batched")  # back: partition 1 reads; partition 0 keeps what arrives
+        words(c, list(range(8000, 8300)))
+        move(c, 0, 1023, 1, "all-at-once")  # partition 0 gives all: what it kept and what arrived since
+        assert c.status()["counters"]["partition0.migration_key_reads"] == 2
+        move(c, 0, 1023, 0, "batched")
