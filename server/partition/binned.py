@@ -28,6 +28,8 @@ import pyarrow as pa
 from streamtx.server.catalog.compile import quote
 from streamtx.server.partitioning import PartitionMap, bins_of
 
+SIGNED = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
+"""The key column types (as DuckDB names them) whose keys are kept: NumPy's int64 holds every value."""
 MAX_PENDING = 200_000
 """Distinct keys written since the last step that one keeps before it is dropped (read again at the next
 step instead): a table written for long after a migration must not grow a second copy of its key set."""
@@ -52,11 +54,9 @@ class BinnedKeys:
         self.arrived: list[pa.Array | pa.ChunkedArray] = []
 
     @classmethod
-    def read(cls, con: duckdb.DuckDBPyConnection, table: str, column: str, nbins: int) -> BinnedKeys | None:
-        """The table's keys as DuckDB holds them now; None if they are not signed integers."""
+    def read(cls, con: duckdb.DuckDBPyConnection, table: str, column: str, nbins: int) -> BinnedKeys:
+        """The table's keys (a column of a `SIGNED` type) as DuckDB holds them now."""
         keys = con.sql(f"SELECT {quote(column)} FROM {quote(table)}").to_arrow_table().column(0)
-        if not pa.types.is_signed_integer(keys.type):
-            return None
         binned = cls(nbins)
         binned._append(keys)
         return binned

@@ -41,7 +41,7 @@ from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
 from streamtx.server.catalog.placement import PARTITIONED, SINGLE
-from streamtx.server.partition.binned import BinnedKeys
+from streamtx.server.partition.binned import SIGNED, BinnedKeys
 from streamtx.server.partitioning import PartitionMap
 
 if TYPE_CHECKING:
@@ -175,20 +175,16 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
 def _leaving_keys(eng: Engine, table: str, column: str, new: PartitionMap) -> pa.Array | None:
     """The keys of `table` (as many as it holds, maybe more) whose bins `new` gives away, from the keys kept
     since the last step (`BinnedKeys`) or read now and kept; None if the table's keys cannot be kept so."""
-    index = eng.state.index
-    if index.kinds.get(table) != (int,) or eng.state.key_columns.get(table) != (column,):
+    state = eng.state
+    if state.key_columns.get(table) != (column,) or dict(state.int_columns.get(table, ())).get(column) not in SIGNED:
         return None
-    binned = index.binned.get(table)
+    binned = state.index.binned.get(table)
     if binned is not None and binned.nbins == new.bins:
         taken = binned.take(eng.map, new, eng.partition)
         if taken is not None:
             return taken
-    binned = BinnedKeys.read(eng.con, table, column, new.bins)
+    binned = state.index.binned[table] = BinnedKeys.read(eng.con, table, column, new.bins)
     eng.counters["migration_key_reads"] += 1
-    if binned is None:
-        index.binned.pop(table, None)
-        return None
-    index.binned[table] = binned
     return binned.take(eng.map, new, eng.partition)
 
 
