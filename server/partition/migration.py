@@ -12,8 +12,10 @@ left open between the front's rounds like a coordinated TE's:
 3. `Decide`: commit (the new map installed) or roll back.
 
 The working set's rows of the tables that move are written back and dropped
-before the step's SQL touches them, as before any statement DuckDB runs
-(`StateStore.barrier`), inside the transaction: a rollback restores them.
+before the step's SQL touches them, inside the transaction (a rollback
+restores them); what else the working set holds back (other tables' rows,
+exactly-once marks, stored stream tuples) stays held back across the step,
+as across an opchain interval (`StateStore.barrier_tables`).
 
 What moves is the rows of tables `PARTITION BY` a column, and with them the
 views over those tables (recomputed on both sides). Stored stream tuples
@@ -111,7 +113,7 @@ class Migration:
         if not c.commit:
             eng.rollback()
             return
-        eng.commit()
+        eng.commit(hold_back=True)
         eng.marks.ran(step.ts)
         install_map(eng, step.map)
         if journal is not None:
@@ -141,7 +143,7 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     if not gives_bins(eng.map, new, eng.partition):
         return [], []  # a partition holds rows of its own bins only: none leaves, no table need be read
     moving = moving_tables(eng.catalog)
-    eng.state.barrier(frozenset(t for t, _ in moving), keep_index=True)  # SQL changes them: rows go
+    eng.state.barrier_tables(frozenset(t for t, _ in moving))  # SQL changes them: rows go
     con = eng.con
     parts: list[tuple[int, str]] = []
     out: list[pa.Table] = []
@@ -198,7 +200,7 @@ def gives_bins(old: PartitionMap, new: PartitionMap, partition: int) -> bool:
 def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:
     """Inserts (in the open transaction) rows that moved here, table by table."""
     con = eng.con
-    eng.state.barrier(frozenset(names), keep_index=True)
+    eng.state.barrier_tables(frozenset(names))
     for table, rows in zip(names, tables, strict=True):
         if rows.num_rows == 0:
             continue
@@ -215,7 +217,7 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
 
 def install_map(eng: Engine, partition_map: str) -> None:
     """The new map becomes this partition's (what was derived from the old one, the owners known per
-    key, is keyed by the map and goes with it; the moved tables' cached rows went at `barrier`)."""
+    key, is keyed by the map and goes with it; the moved tables' cached rows went at `barrier_tables`)."""
     eng.map = PartitionMap.from_json(partition_map)
 
 

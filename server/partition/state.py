@@ -699,6 +699,16 @@ class StateStore:
         elif writes:
             self.ws.drop(writes)
 
+    def barrier_tables(self, tables: frozenset[str]) -> None:
+        """`barrier(tables, keep_index=True)` before SQL that reads and writes only `tables` (a migration
+        step): their rows are written and dropped, and the rest stays held back (a full flush writes every
+        mark, stored tuple and other table's row, which cost a step more than its own rows)."""
+        if self._with_views(tables) != tables:  # a view's refresh may read other tables: all go
+            self.barrier(tables, keep_index=True)
+            return
+        self.write_back(tables)
+        self.ws.drop(tables)
+
     def index_keys(self, table: str, rows: pa.Table) -> None:
         """Rows with these keys were inserted by SQL: the table's key set and keys by bin (if held) take them."""
         cols = self.key_columns.get(table)

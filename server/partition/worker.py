@@ -108,7 +108,7 @@ def _is_push(header: Any) -> bool:
     return isinstance(header, _RunPart) or (isinstance(header, pr.Request) and isinstance(header.command, pr.Push))
 
 
-OVER_WORKING_SET = (pr.Fragment, pr.Flow, pr.Decide, pr.Done)
+OVER_WORKING_SET = (pr.Fragment, pr.Flow, pr.Decide, pr.Done, pr.Migrate, pr.MigrateIn)
 
 
 class Worker:
