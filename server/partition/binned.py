@@ -3,7 +3,7 @@
 A migration step takes out every row of the bins it moves. Finding them
 means reading and hashing every key the partition holds of the table, a
 cost per step that does not depend on what moves (a partition of 500,000
-rows: ~15-25 ms of a step that moves 1,000). The first step reads them
+rows: 10-20 ms of a step that moves 1,000). The first step reads them
 once; the keys and their bins stay in memory, and each later step folds in
 the keys written since (the write-back and arriving rows report them,
 `KeyIndex.add`) and picks its bins' keys out with one NumPy mask.

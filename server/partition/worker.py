@@ -442,11 +442,12 @@ class Worker:
         self.frames.write(pr.Response(request.id, pr.RunReplies(request.index, [failed]) if run_part else failed))
 
     def handle(self, request: pr.Request, tables: list[pa.Table]) -> tuple[Any, list[pa.Table]]:
-        """Every command but a push or a coordinated TE's: DuckDB is brought up to date first.
+        """Every command but a push, a coordinated TE's or a migration step's: DuckDB is brought up to date first.
 
-        A coordinated TE's fragment and decision run over the working set as
-        an interval does (write-behind, partition/state.py): its statements
-        that run in DuckDB write back what they read first.
+        A coordinated TE's fragment and decision, and a migration step's
+        rounds, run over the working set as an interval does (write-behind,
+        partition/state.py): their statements that run in DuckDB write back
+        what they read first.
         """
         if type(request.command) not in OVER_WORKING_SET:
             self.engine.state.sync()
