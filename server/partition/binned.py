@@ -19,6 +19,7 @@ and NumPy holds them as they are.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import duckdb
@@ -33,6 +34,10 @@ SIGNED = ("TINYINT", "SMALLINT", "INTEGER", "BIGINT")
 MAX_PENDING = 200_000
 """Distinct keys written since the last step that one keeps before it is dropped (read again at the next
 step instead): a table written for long after a migration must not grow a second copy of its key set."""
+IDLE_S = 60.0
+"""Seconds without a step after which the kept keys are dropped at the next write: once a migration is
+over, the write-back stops paying for reporting its keys (steps of one migration are at most a second or
+so apart, `MAX_PAUSE_S` in front/rebalance.py)."""
 MAX_CHUNKS = 32
 """Arrays of keys appended (one per step that found keys written since) before they are merged into one."""
 
@@ -52,6 +57,7 @@ class BinnedKeys:
         self.left = 0  # keys taken since the last merge, still in `chunks`
         self.pending: set[Any] = set()
         self.arrived: list[pa.Array | pa.ChunkedArray] = []
+        self.used = time.monotonic()
 
     @classmethod
     def read(cls, con: duckdb.DuckDBPyConnection, table: str, column: str, nbins: int) -> BinnedKeys:
@@ -62,14 +68,16 @@ class BinnedKeys:
         return binned
 
     @property
-    def full(self) -> bool:
-        return len(self.pending) > MAX_PENDING
+    def stale(self) -> bool:
+        """Worth dropping rather than keeping up to date: too many keys written since, or no step for long."""
+        return len(self.pending) > MAX_PENDING or time.monotonic() - self.used > IDLE_S
 
     def take(self, old: PartitionMap, new: PartitionMap, partition: int) -> pa.Array | None:
         """The keys of the bins `partition` owns under `old` and not under `new`; None if a key written
         since is not a plain int64 (then the table must be read again)."""
         if not self._fold():
             return None
+        self.used = time.monotonic()
         kept = np.asarray(new.owner, dtype=np.int32) == partition
         gives = (np.asarray(old.owner, dtype=np.int32) == partition) & ~kept
         taken = [keys[gives[bins]] for keys, bins in self.chunks]

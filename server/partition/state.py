@@ -150,10 +150,11 @@ class KeyIndex:
     def add(self, table: str, keys: Iterable[Any]) -> None:
         binned = self.binned.get(table)
         if binned is not None:
-            keys = list(keys)
-            binned.pending.update(keys)
-            if binned.full:
+            if binned.stale:
                 del self.binned[table]
+            else:
+                keys = list(keys)
+                binned.pending.update(keys)
         held = self.keys.get(table)
         if held is not None:
             held.update(keys)
