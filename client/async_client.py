@@ -371,9 +371,11 @@ class AsyncClient:
         strategy: str | None = None,
         bins_per_step: int | None = None,
         resume: bool = False,
+        partitions: int | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Admin: moves bins (first, last, partition) between partitions, or spreads them `even`ly,
-        while the server runs; yields the progress before the first step and after each.
+        or grows or shrinks the server to `partitions` partitions (bins spread evenly), while the
+        server runs; yields the progress before the first step and after each.
 
         `strategy`: "all-at-once" (one step, the default), "fluid" (a bin per
         step) or "batched" (`bins_per_step` per step, 16 by default). Each step
@@ -388,6 +390,7 @@ class AsyncClient:
             strategy=strategy or "",
             bins_per_step=bins_per_step or 0,
             resume=resume,
+            partitions=partitions or 0,
         )
         call = self._ensure_stub().Rebalance(request, metadata=self._metadata)
         try:

@@ -148,10 +148,14 @@ class Client:
         strategy: str | None = None,
         bins_per_step: int | None = None,
         resume: bool = False,
+        partitions: int | None = None,
     ) -> Iterator[dict[str, Any]]:
-        """Admin: moves bins between partitions while the server runs; see AsyncClient.rebalance."""
+        """Admin: moves bins between partitions, or grows or shrinks the server to `partitions`, while it
+        runs; see AsyncClient.rebalance."""
         return self._iterate(
-            self._async.rebalance(moves, even=even, strategy=strategy, bins_per_step=bins_per_step, resume=resume)
+            self._async.rebalance(
+                moves, even=even, strategy=strategy, bins_per_step=bins_per_step, resume=resume, partitions=partitions
+            )
         )
 
     def status(self) -> dict[str, Any]:

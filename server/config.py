@@ -382,11 +382,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def stored_layout(data_dir: Path) -> tuple[int, int] | None:
     """(partitions, bins) of the partition map a server wrote in `data_dir`; None for a new directory."""
+    data = _stored_map(data_dir)
+    return None if data is None else (_partition_count(data), int(data["bins"]))
+
+
+def partitions_to_start(data_dir: Path, partitions: int) -> int:
+    """How many workers a server on `data_dir` starts: its partitions, or more if a step adding partitions
+    was under way at a crash (recovery keeps them if the step finished, else retires them: front.py)."""
+    data = _stored_map(data_dir)
+    pending = data.get("pending") if data is not None else None
+    return max(partitions, _partition_count(pending)) if pending else partitions
+
+
+def _stored_map(data_dir: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((data_dir / MAP_FILE).read_text())
+        return json.loads((data_dir / MAP_FILE).read_text())
     except FileNotFoundError:
         return None
-    return max(data["owner"]) + 1, int(data["bins"])
+
+
+def _partition_count(record: dict[str, Any]) -> int:
+    """`PartitionMap.partitions` of a map as the data directory records it."""
+    return len(record["born"]) if record.get("born") else max(record["owner"]) + 1
 
 
 def from_args(args: argparse.Namespace) -> ServerConfig:

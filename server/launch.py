@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
-from streamtx.server.config import ServerConfig
+from streamtx.server.config import ServerConfig, partitions_to_start
 
 
 @dataclass
@@ -69,4 +70,16 @@ def launch(config: ServerConfig) -> Launch:
     if mismatch is not None:
         lock.close()
         raise SystemExit(f"streamtx: {mismatch}")
-    return Launch(lock, [spawn_worker(i, config) for i in range(config.partitions)])
+    count = partitions_to_start(Path(config.data_dir), config.partitions)
+    remove_partitions_from(config, count)
+    return Launch(lock, [spawn_worker(i, config) for i in range(count)])
+
+
+def remove_partitions_from(config: ServerConfig, first: int) -> None:
+    """Deletes the directories of partitions `first` and after: left by a partition added live whose step
+    never finished, or retired by a shrink; the map names none of them, and a partition added later
+    there must start empty."""
+    for found in Path(config.data_dir).glob("partition-*"):
+        index = found.name.removeprefix("partition-")
+        if index.isdigit() and int(index) >= first:
+            shutil.rmtree(found)

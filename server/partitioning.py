@@ -29,6 +29,10 @@ INTEGER_LIKE_TYPES = ("INTEGER", "BIGINT", "SMALLINT", "TINYINT", "UINTEGER", "U
 KEY_TYPES = (*INTEGER_LIKE_TYPES, "VARCHAR", "DATE", "TIMESTAMP")
 """Column types a table or stream may be partitioned by (as DuckDB spells them)."""
 
+HOME = 0
+"""The home partition: single tables, windows of single procedures, and the DONE log live there; it is
+never retired."""
+
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
@@ -138,10 +142,24 @@ class PartitionMap:
 
     bins: int
     owner: tuple[int, ...]
+    born: tuple[int, ...] = ()
+    """Per partition, the timestamp a live grow added it at (0: the server was created with it); empty
+    when no grow happened. A partition just added owns no bin yet, so this, not `owner`, counts them."""
 
     @functools.cached_property
     def partitions(self) -> int:  # cached: the hot paths ask per TE, and `owner` has a tuple entry per bin
+        if self.born:
+            return len(self.born)
         return max(self.owner) + 1 if self.owner else 1
+
+    def resized(self, partitions: int, ts: int) -> PartitionMap:
+        """The same owners over `partitions` partitions, those added born at `ts` (a live grow or shrink)."""
+        born = (self.born or (0,) * self.partitions)[:partitions]
+        return PartitionMap(self.bins, self.owner, born + (ts,) * (partitions - len(born)))
+
+    def moved(self, owner: tuple[int, ...]) -> PartitionMap:
+        """This map's partitions with bins owned by `owner`."""
+        return PartitionMap(self.bins, owner, self.born)
 
     @classmethod
     def round_robin(cls, partitions: int, bins: int) -> PartitionMap:
@@ -218,12 +236,25 @@ class PartitionMap:
         return {int(p): table.filter(pa.array(owners == p)) for p in present}
 
     def to_json(self) -> str:
-        return json.dumps({"bins": self.bins, "owner": list(self.owner)})
+        return json.dumps(self._record())
+
+    def _record(self) -> dict[str, object]:
+        data: dict[str, object] = {"bins": self.bins, "owner": list(self.owner)}
+        if self.born:
+            data["born"] = list(self.born)
+        return data
 
     @classmethod
     def from_json(cls, text: str) -> PartitionMap:
-        data = json.loads(text)
-        return cls(int(data["bins"]), tuple(int(o) for o in data["owner"]))
+        return cls._of(json.loads(text))
+
+    @classmethod
+    def _of(cls, data: dict, bins: int | None = None) -> PartitionMap:
+        return cls(
+            int(data["bins"]) if bins is None else bins,
+            tuple(int(o) for o in data["owner"]),
+            tuple(int(t) for t in data.get("born", ())),
+        )
 
     def save(self, data_dir: Path, pending: tuple[int, PartitionMap] | None = None) -> None:
         """Writes the map to the data directory, with the map a migration step at `pending[0]` moves to.
@@ -232,9 +263,9 @@ class PartitionMap:
         once it is DONE; recovery keeps the pending one only if the step's
         DONE record made it (`settled`).
         """
-        data: dict[str, object] = {"bins": self.bins, "owner": list(self.owner)}
+        data = self._record()
         if pending is not None:
-            data["pending"] = {"ts": pending[0], "owner": list(pending[1].owner)}
+            data["pending"] = {"ts": pending[0], **pending[1]._record()}
         atomic_write(data_dir / MAP_FILE, json.dumps(data))
 
     @classmethod
@@ -242,12 +273,12 @@ class PartitionMap:
         """The data directory's map after recovery: a pending step's map if the step finished, else the
         map before it (either way the file then says so, with nothing pending)."""
         data = json.loads((data_dir / MAP_FILE).read_text())
-        found = cls(int(data["bins"]), tuple(int(o) for o in data["owner"]))
+        found = cls._of(data)
         pending = data.get("pending")
         if pending is None:
             return found
         if pending["ts"] in done:
-            found = cls(found.bins, tuple(int(o) for o in pending["owner"]))
+            found = cls._of(pending, found.bins)
         found.save(data_dir)
         return found
 
@@ -261,7 +292,7 @@ class PartitionMap:
         """
         path = data_dir / MAP_FILE
         if path.exists():
-            found = cls.from_json(path.read_text())
+            found = cls._of(json.loads(path.read_text()))
             if (found.partitions, found.bins) != (partitions, bins):
                 raise ValueError(f"{path}: {found.partitions} partitions over {found.bins} bins, not {partitions}")
             return found

@@ -223,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--even", action="store_true", help="as many bins on every partition as can be")
     what.add_argument(
+        "--to-partitions",
+        type=int,
+        metavar="N",
+        help="grow or shrink the server to N partitions (worker processes), bins spread evenly over them",
+    )
+    what.add_argument(
         "--resume",
         action="store_true",
         help="finish the migration that stopped before its target (status shows it), with its strategy "
@@ -560,7 +566,12 @@ def _cmd_rebalance(args: argparse.Namespace) -> int:
     with Client(args.target, **_client_kwargs(args)) as c, progress:
         task = None
         steps = c.rebalance(
-            moves, even=args.even, strategy=args.strategy, bins_per_step=args.bins_per_step, resume=args.resume
+            moves,
+            even=args.even,
+            strategy=args.strategy,
+            bins_per_step=args.bins_per_step,
+            resume=args.resume,
+            partitions=args.to_partitions,
         )
         for last in steps:
             if task is None:

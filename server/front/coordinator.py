@@ -37,9 +37,10 @@ from streamtx.server import protocol as pr
 from streamtx.server.catalog.placement import EVENT_KEYED, EVERYWHERE, PARTITIONED, SINGLE
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import exchange
-from streamtx.server.front.partitions import HOME, Partitions, Restarted, checked
+from streamtx.server.front.partitions import Partitions, Restarted, checked
 from streamtx.server.front.ports import Routing
 from streamtx.server.front.supervisor import Supervisor
+from streamtx.server.partitioning import HOME
 from streamtx.server.protocol import Mark, Outcome, TeSpec
 from streamtx.server.schedule import Key, Schedule, Unit, skips
 from streamtx.server.schedule import reason as undone_reason

@@ -19,9 +19,9 @@ from dataclasses import replace
 import pyarrow as pa
 
 from streamtx.server import protocol as pr
-from streamtx.server.front.partitions import HOME, Partitions
+from streamtx.server.front.partitions import Partitions
 from streamtx.server.partition.exchange import Exchange
-from streamtx.server.partitioning import PartitionMap
+from streamtx.server.partitioning import HOME, PartitionMap
 
 Fragments = dict[int, tuple[pr.Fragment, list[pa.Table]]]
 

@@ -57,11 +57,12 @@ from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Span
-from streamtx.server.front.partitions import HOME, Partition, Partitions, Restarted, checked
+from streamtx.server.front.partitions import Partition, Partitions, Restarted, checked
 from streamtx.server.front.ports import Finishing
 from streamtx.server.front.spans import one_by_one
 from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.ipc import join_grouped, split_grouped
+from streamtx.server.partitioning import HOME
 from streamtx.server.protocol import Outcome
 
 STEP = 128

@@ -38,14 +38,14 @@ from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.flows import FlowPush, Flows
 from streamtx.server.front.gate import Gate, Span
 from streamtx.server.front.metrics import push_latency
-from streamtx.server.front.partitions import HOME, Partitions, Reply, checked
+from streamtx.server.front.partitions import Partition, Partitions, Reply, checked
 from streamtx.server.front.rebalance import Rebalancer
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
-from streamtx.server.launch import Launch, launch
+from streamtx.server.launch import Launch, launch, remove_partitions_from
 from streamtx.server.loader import ProcedureLoader
-from streamtx.server.partitioning import PartitionMap
+from streamtx.server.partitioning import HOME, PartitionMap
 
 CATALOG_FILE = "catalog.json"
 
@@ -70,16 +70,15 @@ class Front:
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
         self._maps: list[tuple[int, PartitionMap]] = []  # (ts, map routing the commands after ts): recent steps
-        together = config.executor == "opchain" and config.partitions > 1
-        self.gate = Gate(self._run_together if together else None, config.interval_size)
+        self.gate = Gate(None, config.interval_size)
+        self._set_span_runner(config.partitions)
         # each helper takes the collaborators it uses, and of the front itself only a narrow port (front/ports.py)
         self.supervisor = Supervisor(self.partitions, self.counters, self.gate, config, self.recover)
         self.coordinator = Coordinator(self, self.partitions, self.counters, self.supervisor, config)
         self.spans = Spans(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
         self.flows = Flows(self, self.partitions, self.counters, self.supervisor, self.coordinator, config)
-        durable = config.durability != "off"
         self.rebalancer = Rebalancer(
-            self, self.partitions, self.gate, self.sequencer, self.supervisor, self.coordinator, self.data_dir, durable
+            self, self.partitions, self.gate, self.sequencer, self.supervisor, self.coordinator, config
         )
 
     # ---------------------------------------------------------------- lifecycle
@@ -108,21 +107,37 @@ class Front:
         started = time.perf_counter()
         infos: list[pr.Recoverable] = [r for r, _ in await self.partitions.broadcast(pr.RecoveryInfo())]
         self.sequencer.last_ts = max([self.sequencer.last_ts, *(i.last_ts for i in infos)])
-        common = set.intersection(*(set(i.checkpoints) for i in infos)) if infos else set()
-        chosen = max(common) if common else None
-        recovered = await self.partitions.broadcast(pr.Recover(chosen, infos[HOME].done))
+        chosen = common_checkpoint(infos, self.map.born or (0,) * self.map.partitions)
+        recovered = await asyncio.gather(
+            *(
+                p.request(pr.Recover(chosen if chosen in info.checkpoints else None, infos[HOME].done))
+                for p, info in zip(self.partitions.all, infos, strict=True)
+            )
+        )
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
             # a migration step cut short by the crash: kept if DONE made it (front/rebalance.py)
             self.map = await asyncio.to_thread(PartitionMap.settled, self.data_dir, set(infos[HOME].done))
+            if len(self.partitions) > self.map.partitions:  # added by a step that did not finish
+                await self.partitions.retire(self.map.partitions)
+                await asyncio.to_thread(remove_partitions_from, self.config, self.map.partitions)
+            self._set_span_runner(self.map.partitions)
             self.rebalancer.find_interrupted()
-        ddl = [s.sql for s in create_statements(self.catalog.relations())]
-        install = pr.Install(self.catalog.to_json(), ddl, self.map.to_json(), startup=True, analyzed=self.catalog)
-        await self.partitions.broadcast(install)
+        await self.partitions.broadcast(self.install_command(self.map))
         for marks, _ in await self.partitions.broadcast(pr.ReadMarks()):
             self.sequencer.load_marks(marks.marks, marks.last_ts)
         self.recovery_seconds = time.perf_counter() - started
         return set(infos[HOME].done)
+
+    def install_command(self, partition_map: PartitionMap) -> pr.Install:
+        """The catalog for a worker that may not hold it (recovered from an older one, or just added)."""
+        ddl = [s.sql for s in create_statements(self.catalog.relations())]
+        return pr.Install(self.catalog.to_json(), ddl, partition_map.to_json(), startup=True, analyzed=self.catalog)
+
+    @property
+    def deploying(self) -> asyncio.Lock:
+        """Held while a deploy installs a catalog on every partition (a partition added meanwhile would miss it)."""
+        return self._deploy_lock
 
     async def stop(self) -> None:
         self.supervisor.unwatch()
@@ -432,10 +447,21 @@ class Front:
         pmap = self.map if ts is None else self.map_at(ts)
         return int(pmap.owners(pa.array([value]))[0])
 
-    def switch_map(self, ts: int, new: PartitionMap) -> None:
-        """Commands after `ts` route by `new` (a migration step at `ts`, front/rebalance.py)."""
+    def switch_map(self, ts: int, new: PartitionMap, added: list[Partition] | None = None) -> None:
+        """Commands after `ts` route by `new` (a migration step at `ts`, front/rebalance.py); `added`: the
+        partitions a grow step adds, started and recovered, which take every command after `ts`."""
         self._maps = [*self._maps[-2:], (ts, self.map)]
         self.map = new
+        if added:
+            self.partitions.all += added
+            self.supervisor.adopt(added)
+        self._set_span_runner(new.partitions)
+
+    def _set_span_runner(self, partitions: int) -> None:
+        """Several partitions run punctuation intervals of the opchain executor as spans (front/spans.py);
+        one runs them alone, and the gate is free."""
+        together = self.config.executor == "opchain" and partitions > 1
+        self.gate.span_runner = self._run_together if together else None
 
     def map_at(self, ts: int) -> PartitionMap:
         """The map that routes the command at `ts`: the current one, unless a step after it switched.
@@ -597,6 +623,18 @@ class Front:
             "stream_metrics": list(streams.values()),  # protobuf StreamMetrics
             "recovery_seconds": self.recovery_seconds,
         }
+
+
+def common_checkpoint(infos: list[pr.Recoverable], born: tuple[int, ...]) -> int | None:
+    """The newest checkpoint every partition can start from: one it wrote, or, for a partition added live
+    after it (`PartitionMap.born`; one the map does not name yet was added by a step under way), the empty
+    state it started with: its log holds everything since."""
+    every = set().union(*(info.checkpoints for info in infos))
+    usable = [
+        {c for c in every if c in info.checkpoints or i >= len(born) or c < born[i]} for i, info in enumerate(infos)
+    ]
+    common = set.intersection(*usable) if usable else set()
+    return max(common) if common else None
 
 
 def lost_batches(recovered: list[pr.Recovered]) -> dict[tuple[str, str], set[int]]:

@@ -36,8 +36,6 @@ from streamtx.server.launch import Spawned
 
 Reply = tuple[Any, list[pa.Table]]
 """A reply body (server/protocol.py) or `pr.Failed`, and the relations that came with it."""
-HOME = 0
-"""The home partition: single tables, windows of single procedures, and the DONE log live there."""
 
 
 class Restarted(Unavailable):
@@ -309,7 +307,18 @@ class Partitions:
         self.all = [Partition(i) for i in range(config.partitions)]
 
     async def attach(self, spawned: list[Spawned]) -> None:
+        """Takes over started workers, one per partition (more than there were: partitions added)."""
+        self.all += [Partition(i) for i in range(len(self.all), len(spawned))]
         await asyncio.gather(*(p.attach(s) for p, s in zip(self.all, spawned, strict=True)))
+
+    async def retire(self, first: int) -> None:
+        """Stops partitions `first` and after and forgets them (none owns a bin: a shrink, or an added
+        partition whose step did not finish)."""
+        gone, self.all = self.all[first:], self.all[:first]
+        for p in gone:
+            p.hold_on_exit = False
+            p.on_death = None
+        await asyncio.gather(*(p.stop() for p in gone), return_exceptions=True)
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.all), return_exceptions=True)

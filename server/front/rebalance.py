@@ -52,13 +52,15 @@ from streamtx.files import atomic_write
 from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
+from streamtx.server.config import ServerConfig
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.gate import Gate
-from streamtx.server.front.partitions import HOME, Partitions, Restarted
+from streamtx.server.front.partitions import Partition, Partitions, Restarted
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.supervisor import Supervisor
+from streamtx.server.launch import remove_partitions_from, spawn_worker
 from streamtx.server.partition.migration import unmovable
-from streamtx.server.partitioning import PartitionMap
+from streamtx.server.partitioning import HOME, PartitionMap
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
 DEFAULT_STRATEGY = "all-at-once"
@@ -82,7 +84,12 @@ class Placing(Protocol):
     @property
     def catalog(self) -> Catalog: ...
 
-    def switch_map(self, ts: int, new: PartitionMap) -> None: ...
+    @property
+    def deploying(self) -> asyncio.Lock: ...
+
+    def switch_map(self, ts: int, new: PartitionMap, added: list[Partition] | None = None) -> None: ...
+
+    def install_command(self, partition_map: PartitionMap) -> pr.Install: ...
 
 
 @dataclass(frozen=True)
@@ -122,8 +129,16 @@ class Intent:
     strategy: str
     bins_per_step: int
 
+    @property
+    def partitions(self) -> int:
+        """How many partitions there are once it is done (every one owns a bin then)."""
+        return max(self.target) + 1
+
     def bins_left(self, current: PartitionMap) -> int:
         return bins_apart(current.owner, self.target)
+
+    def unfinished(self, current: PartitionMap) -> bool:
+        return bool(self.bins_left(current)) or self.partitions != current.partitions
 
     def save(self, data_dir: Path) -> None:
         record = {"target": list(self.target), "strategy": self.strategy, "bins_per_step": self.bins_per_step}
@@ -141,16 +156,24 @@ class Intent:
             return None
         data = json.loads(path.read_text())
         found = cls(tuple(int(o) for o in data["target"]), str(data["strategy"]), int(data["bins_per_step"]))
-        if len(found.target) != current.bins or not found.bins_left(current):
+        if len(found.target) != current.bins or not found.unfinished(current):
             cls.clear(data_dir)  # it finished; the crash came before its record went
             return None
         return found
 
 
-def target_owner(current: PartitionMap, moves: list[BinMove], even: bool) -> tuple[int, ...]:
+def target_owner(
+    current: PartitionMap, moves: list[BinMove], even: bool, partitions: int | None = None
+) -> tuple[int, ...]:
     """The owner of every bin once the migration is done; bad bins or partitions are InvalidArgument."""
-    if even == bool(moves):
-        raise InvalidArgument("rebalance: give either bin moves or even, not both and not neither")
+    if bool(moves) + even + (partitions is not None) != 1:
+        raise InvalidArgument("rebalance: give one of bin moves, even or a partition count")
+    if partitions is not None:
+        if not 1 <= partitions <= current.bins:
+            raise InvalidArgument(
+                f"rebalance: {partitions} partitions: must be 1..{current.bins} (every partition owns a bin)"
+            )
+        return even_owner(current, partitions)
     if even:
         return even_owner(current)
     owner = list(current.owner)
@@ -165,14 +188,15 @@ def target_owner(current: PartitionMap, moves: list[BinMove], even: bool) -> tup
     return tuple(owner)
 
 
-def even_owner(current: PartitionMap) -> tuple[int, ...]:
-    """As many bins on every partition as can be (they differ by one at most), moving as few as possible."""
-    parts, bins = current.partitions, current.bins
+def even_owner(current: PartitionMap, partitions: int | None = None) -> tuple[int, ...]:
+    """As many bins on every partition as can be (they differ by one at most), moving as few as possible;
+    over `partitions` partitions if given (the bins of those past it move too)."""
+    parts, bins = partitions or current.partitions, current.bins
     owner = list(current.owner)
     held = {p: [b for b in range(bins) if owner[b] == p] for p in range(parts)}
     by_size = sorted(range(parts), key=lambda p: (-len(held[p]), p))
     quota = {p: bins // parts + (1 if i < bins % parts else 0) for i, p in enumerate(by_size)}
-    spare = [b for p in range(parts) for b in held[p][quota[p] :]]
+    spare = [b for p in range(parts) for b in held[p][quota[p] :]] + [b for b in range(bins) if owner[b] >= parts]
     for p in range(parts):
         while len(held[p]) < quota[p]:
             b = spare.pop(0)
@@ -207,8 +231,7 @@ class Rebalancer:
         sequencer: Sequencer,
         supervisor: Supervisor,
         coordinator: Coordinator,
-        data_dir: Path,
-        durable: bool,
+        config: ServerConfig,
     ) -> None:
         self.front = front
         self.partitions = partitions
@@ -216,8 +239,9 @@ class Rebalancer:
         self.sequencer = sequencer
         self.supervisor = supervisor
         self.coordinator = coordinator
-        self.data_dir = data_dir
-        self.durable = durable
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.durable = config.durability != "off"
         self.running: Progress | None = None  # the migration in flight (Status shows it)
         self.interrupted: Intent | None = None  # the one that stopped before its target (Status shows it)
         self._lock = asyncio.Lock()
@@ -236,14 +260,22 @@ class Rebalancer:
             )
 
     def intent(
-        self, moves: list[BinMove], even: bool, strategy: str | None, bins_per_step: int | None, resume: bool
+        self,
+        moves: list[BinMove],
+        even: bool,
+        partitions: int | None,
+        strategy: str | None,
+        bins_per_step: int | None,
+        resume: bool,
     ) -> Intent:
         """Where a request moves the bins to, and how; its mistakes are InvalidArgument or FailedPrecondition."""
         if not resume:
-            target = target_owner(self.front.map, moves, even)
+            target = target_owner(self.front.map, moves, even, partitions)
             return Intent(target, strategy or DEFAULT_STRATEGY, bins_per_step or DEFAULT_BINS_PER_STEP)
-        if moves or even:
-            raise InvalidArgument("rebalance: resume takes no bin moves and no even: it finishes the interrupted one")
+        if moves or even or partitions is not None:
+            raise InvalidArgument(
+                "rebalance: resume takes no bin moves, even or partition count: it finishes the interrupted one"
+            )
         found = self.interrupted
         if found is None:
             raise FailedPrecondition("rebalance: no migration was interrupted; there is nothing to resume")
@@ -256,42 +288,51 @@ class Rebalancer:
         strategy: str | None = None,
         bins_per_step: int | None = None,
         resume: bool = False,
+        partitions: int | None = None,
     ) -> AsyncIterator[Progress]:
         """Runs a migration step by step; yields its progress before the first step and after each.
 
-        `strategy` and `bins_per_step` default to all-at-once and 16, or to
-        the interrupted migration's when resuming.
+        `partitions`: grow or shrink to that many, bins spread evenly. A grow
+        adds the partitions (owning no bin) in a first step, a shrink retires
+        them (owning none any more) in a last one. `strategy` and
+        `bins_per_step` default to all-at-once and 16, or to the interrupted
+        migration's when resuming.
         """
         current = self.front.map
-        intent = self.intent(moves, even, strategy, bins_per_step, resume)
+        intent = self.intent(moves, even, partitions, strategy, bins_per_step, resume)
         maps = plan(current, intent.target, intent.strategy, intent.bins_per_step)
+        grow = intent.partitions > current.partitions
+        steps: list[PartitionMap | int] = [*([intent.partitions] if grow else []), *maps]
         reason = unmovable(self.front.catalog)
-        if reason is not None and maps:
+        if reason is not None and steps:
             raise FailedPrecondition(f"rebalance: {reason}")
         if self._lock.locked():
             raise FailedPrecondition("rebalance: a migration is running already; wait for it to end")
         async with self._lock:
             total = intent.bins_left(current)
-            progress = Progress(0, len(maps), total, strategy=intent.strategy)
+            progress = Progress(0, len(steps), total, strategy=intent.strategy)
             self.running = progress
-            finished = not maps
-            if maps:  # it replaces an interrupted one
+            finished = not steps
+            if steps:  # it replaces an interrupted one
                 await asyncio.to_thread(intent.save, self.data_dir)
                 self.interrupted = None
             try:
                 yield progress
-                for i, new in enumerate(maps):
+                for i, new in enumerate(steps):
                     before = self.front.map
                     started = time.monotonic()
-                    rows, ts = await self.step(new)
+                    if isinstance(new, int):
+                        rows, ts = await self.grow(new)
+                    else:
+                        rows, ts = await self.step(before.moved(new.owner))
                     progress.step_seconds = time.monotonic() - started
-                    if i + 1 < len(maps):  # what queued behind the step runs before the next one
+                    if i + 1 < len(steps):  # what queued behind the step runs before the next one
                         await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))
                     progress.step += 1
-                    progress.bins_moved += bins_apart(before.owner, new.owner)
+                    progress.bins_moved += bins_apart(before.owner, self.front.map.owner)
                     progress.rows_moved += rows
                     progress.ts = ts
-                    finished = i + 1 == len(maps)
+                    finished = i + 1 == len(steps)
                     if finished:
                         await asyncio.to_thread(Intent.clear, self.data_dir)
                     yield progress
@@ -300,31 +341,58 @@ class Rebalancer:
                 if not finished:
                     self.interrupted = intent
 
-    async def step(self, new: PartitionMap) -> tuple[int, int]:
-        """One step at the next timestamp; returns the rows it moved and its timestamp."""
+    async def grow(self, partitions: int) -> tuple[int, int]:
+        """Adds partitions up to `partitions`, owning no bin yet, in one step; returns its rows and timestamp.
+
+        Their workers start (in directories emptied first: one a step that
+        did not finish left) and recover, empty, before the step; the step
+        installs the catalog on them and gives them the replicated tables'
+        rows, and from its timestamp on they take every command sent to all
+        partitions. A deploy waits for the step (the added would miss it).
+        """
+        first = self.front.map.partitions
+        await asyncio.to_thread(remove_partitions_from, self.config, first)
+        added = [Partition(i) for i in range(first, partitions)]
+        try:
+            for p in added:
+                await p.attach(await asyncio.to_thread(spawn_worker, p.index, self.config))
+                await p.request(pr.RecoveryInfo())
+                await p.request(pr.Recover(None, []))
+        except BaseException:
+            await asyncio.gather(*(p.stop() for p in added), return_exceptions=True)
+            raise
+        async with self.front.deploying:
+            return await self.step(self.front.map, added)
+
+    async def step(self, new: PartitionMap, added: list[Partition] | None = None) -> tuple[int, int]:
+        """One step at the next timestamp (adding the `added` partitions); returns its rows and timestamp."""
         # from here until the gate takes the step, nothing awaits: commands after `ts` route by `new`, and
         # every partition gets the step after the commands before it (an fsync of a small file meanwhile)
         ts = self.sequencer.next_ts()
+        if added:
+            new = new.resized(new.partitions + len(added), ts)
         self.front.map.save(self.data_dir, (ts, new))
         _fault("pending")
-        self.front.switch_map(ts, new)
-        rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new))
+        self.front.switch_map(ts, new, added)
+        rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new, added or []))
         return rows, ts
 
-    async def _attempts(self, ts: int, new: PartitionMap) -> int:
+    async def _attempts(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
         """The step, run again at the same timestamp if the workers were restarted under it (unless DONE)."""
         while True:
             try:
-                return await self._run(ts, new)
+                return await self._run(ts, new, added)
             except Restarted:
                 await self.supervisor.recovered()
                 if ts in self.supervisor.done:
                     await asyncio.to_thread(new.save, self.data_dir)
                     return 0
 
-    async def _run(self, ts: int, new: PartitionMap) -> int:
+    async def _run(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
         every = self.partitions.all
         try:
+            install = self.front.install_command(new)
+            await asyncio.gather(*(p.request(install) for p in added))
             replies = await asyncio.gather(*(p.request(pr.Migrate(ts, new.to_json())) for p in every))
             arriving: dict[int, tuple[list[str], list[pa.Table]]] = {}
             moved = 0

@@ -25,8 +25,9 @@ from streamtx.server import sqltree
 from streamtx.server.catalog.compile import STREAM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED, Placement
 from streamtx.server.deadline import query_deadline
-from streamtx.server.front.partitions import HOME, Reply
+from streamtx.server.front.partitions import Reply
 from streamtx.server.front.ports import Reads
+from streamtx.server.partitioning import HOME
 
 
 async def query(

@@ -364,7 +364,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         front = self.front
         moves = [BinMove(m.first_bin, m.last_bin, m.partition) for m in request.moves]
         steps = front.rebalancer.run(
-            moves, request.even, request.strategy or None, request.bins_per_step or None, request.resume
+            moves,
+            request.even,
+            request.strategy or None,
+            request.bins_per_step or None,
+            request.resume,
+            request.partitions or None,
         )
         try:
             async for progress in steps:

@@ -39,11 +39,12 @@ from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.exchange import read_rows
-from streamtx.server.front.partitions import HOME, Partitions, Restarted, checked
+from streamtx.server.front.partitions import Partitions, Restarted, checked
 from streamtx.server.front.ports import Finishing
 from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.ipc import join_runs
 from streamtx.server.partition.exchange import Exchange
+from streamtx.server.partitioning import HOME
 from streamtx.server.protocol import Outcome
 
 

@@ -73,6 +73,12 @@ class Supervisor:
             p.hold_on_exit = True
             p.on_death = self._died
 
+    def adopt(self, added: list[Partition]) -> None:
+        """Partitions added while the server runs are restarted like the others."""
+        for p in added:
+            p.hold_on_exit = True
+            p.on_death = self._died
+
     def unwatch(self) -> None:
         """Deaths from now on fail what waits on the partition (the server is stopping)."""
         if self._task is not None:

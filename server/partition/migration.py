@@ -42,9 +42,9 @@ from streamtx.errors import FailedPrecondition, Internal
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.compile import quote
-from streamtx.server.catalog.placement import PARTITIONED, SINGLE
+from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
 from streamtx.server.partition.binned import SIGNED, BinnedKeys
-from streamtx.server.partitioning import PartitionMap
+from streamtx.server.partitioning import HOME, PartitionMap
 
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
@@ -140,13 +140,12 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     reason = unmovable(eng.catalog)
     if reason is not None:
         raise FailedPrecondition(f"rebalance: {reason}")
+    parts, out = copies_for_added(eng, new)
     if not gives_bins(eng.map, new, eng.partition):
-        return [], []  # a partition holds rows of its own bins only: none leaves, no table need be read
+        return parts, out  # a partition holds rows of its own bins only: none leaves, no table need be read
     moving = moving_tables(eng.catalog)
     eng.state.barrier_tables(frozenset(t for t, _ in moving))  # SQL changes them: rows go
     con = eng.con
-    parts: list[tuple[int, str]] = []
-    out: list[pa.Table] = []
     for table, column in moving:
         taken = _leaving_keys(eng, table, column, new)
         if taken is None:
@@ -171,6 +170,25 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
             out.append(rows.filter(pa.array(dest == p)))
     if parts:
         eng.state.refresh_views(frozenset(t for _, t in parts))
+    return parts, out
+
+
+def copies_for_added(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]], list[pa.Table]]:
+    """On the home partition, when `new` adds partitions: every replicated table's rows, for each of them
+    (a replicated table has a full copy on every partition, the added ones from their first command)."""
+    first = eng.map.partitions
+    if eng.partition != HOME or new.partitions <= first:
+        return [], []
+    replicated = sorted(t for t, kind in eng.catalog.placement.tables.items() if kind == REPLICATED)
+    eng.state.barrier_tables(frozenset(replicated))  # read by SQL: the held-back rows are written first
+    parts: list[tuple[int, str]] = []
+    out: list[pa.Table] = []
+    for table in replicated:
+        rows = eng.con.sql(f"SELECT {', '.join(map(quote, _stored_columns(eng, table)))} FROM {quote(table)}")
+        copy = rows.to_arrow_table()
+        for p in range(first, new.partitions):
+            parts.append((p, table))
+            out.append(copy)
     return parts, out
 
 

@@ -214,7 +214,7 @@ def test_a_migration_left_early_is_interrupted_kept_across_a_restart_and_resumed
         assert cli.main(["--target", again.target, "status"]) == 0
         assert f"{left} bins still to move (fluid)" in capsys.readouterr().out
         assert status["bins_per_partition"] == [512 - (32 - left), 512 + (32 - left)]
-        with pytest.raises(InvalidArgument, match="resume takes no bin moves and no even"):
+        with pytest.raises(InvalidArgument, match="resume takes no bin moves, even or partition count"):
             list(c.rebalance([(0, 3, 1)], resume=True))
         steps = list(c.rebalance(resume=True, strategy="batched", bins_per_step=8))
         assert steps[-1]["bins_moved"] == left and steps[-1]["steps"] == -(-left // 8)
@@ -238,8 +238,11 @@ def test_a_migration_left_early_is_interrupted_kept_across_a_restart_and_resumed
         ([(0, 3, 2)], {}, "rebalance: partition 2: the server has partitions 0..1"),
         ([(0, 3, 1)], {"strategy": "sideways"}, "strategy 'sideways': must be one of all-at-once, fluid, batched"),
         ([(0, 3, 1)], {"strategy": "batched", "bins_per_step": -2}, "bins per step -2: must be at least 1"),
-        ([(0, 3, 1)], {"even": True}, "give either bin moves or even, not both and not neither"),
-        ([], {}, "give either bin moves or even, not both and not neither"),
+        ([(0, 3, 1)], {"even": True}, "give one of bin moves, even or a partition count"),
+        ([], {}, "give one of bin moves, even or a partition count"),
+        ([], {"partitions": 1025}, "rebalance: 1025 partitions: must be 1..1024 (every partition owns a bin)"),
+        ([], {"partitions": -1}, "rebalance: -1 partitions: must be 1..1024"),
+        ([], {"partitions": 2, "resume": True}, "resume takes no bin moves, even or partition count"),
     ],
 )
 def test_a_bad_rebalance_is_refused_by_name_and_moves_nothing(untouched, moves, options, message):

@@ -149,3 +149,51 @@ def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration
         shape, rows = check(c, expected)
         assert shape == [512 - 128, 512 + 128]
         assert rows == placed([(0, 255, 1)], sorted(expected))
+
+
+@pytest.mark.parametrize("point", ["pending", "prepared", "decided", "done"])
+def test_a_front_dying_while_a_partition_is_added_recovers_with_it_or_without_it(tmp_path, monkeypatch, point):
+    """The step adding partition 1 is kept (with its worker's directory) if its DONE made it, else the
+    server comes back with one partition and no trace of the other; either way `resume` finishes the grow."""
+    data = tmp_path / "data"
+    marker = tmp_path / "died"
+    monkeypatch.setenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", f"{point}:{marker}")
+    rng = random.Random(point)
+    expected: Counter[int] = Counter()
+    srv = EmbeddedServer(data, partitions=1).start()
+    try:
+        with Client(srv.target, producer_id="before", timeout=60) as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            sent = [deposit_rows(rng) for _ in range(100)]
+            for fut, rows in [(c.push("deposits", deposits(rows)), rows) for rows in sent]:
+                assert fut.result(timeout=60).outcome == "committed"
+                for account, amount in rows:
+                    expected[account] += amount
+            c.checkpoint()  # the added partition has none: it starts from its empty state and its log
+            with pytest.raises(StreamTxError):
+                list(c.rebalance(partitions=2))
+        assert marker.exists()
+        srv.proc.wait(timeout=30)
+    finally:
+        srv.close()
+    monkeypatch.delenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION")
+    added = point == "done"
+    with EmbeddedServer(data, partitions=None) as again, Client(again.target, producer_id="after") as c:
+        assert (data / "partition-1").exists() == added
+        status = c.status()
+        assert status["bins_per_partition"] == ([1024, 0] if added else [1024])
+        assert status["rebalance_interrupted"]["bins_left"] == 512
+        balances = dict(c.query("SELECT account, balance FROM balances").fetchall())
+        assert balances == dict(expected)
+        steps = list(c.rebalance(resume=True))
+        assert steps[-1]["bins_moved"] == 512
+        for _ in range(50):
+            rows_ = deposit_rows(rng)
+            assert c.push("deposits", deposits(rows_)).result(timeout=60).outcome == "committed"
+            for account, amount in rows_:
+                expected[account] += amount
+        shape, rows = check(c, expected)
+        assert shape == [512, 512]
+        found = Counter(PartitionMap(1024, tuple(c.status()["bin_owner"])).owners_of(sorted(expected)).tolist())
+        assert rows == [found[0], found[1]]

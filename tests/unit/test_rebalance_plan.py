@@ -69,8 +69,8 @@ def test_moves_name_ranges_and_later_moves_win():
         ([BinMove(0, 8, 1)], False, "bins 0..8: bins are 0..7"),
         ([BinMove(3, 2, 1)], False, "bins 3..2: bins are 0..7"),
         ([BinMove(0, 1, 2)], False, "partition 2: the server has partitions 0..1"),
-        ([], False, "either bin moves or even"),
-        ([BinMove(0, 1, 1)], True, "either bin moves or even"),
+        ([], False, "one of bin moves, even or a partition count"),
+        ([BinMove(0, 1, 1)], True, "one of bin moves, even or a partition count"),
     ],
 )
 def test_bad_moves_are_refused_by_name(moves, even, message):

@@ -410,18 +410,20 @@ class BinMove(_message.Message):
     def __init__(self, first_bin: _Optional[int] = ..., last_bin: _Optional[int] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class RebalanceRequest(_message.Message):
-    __slots__ = ("moves", "even", "strategy", "bins_per_step", "resume")
+    __slots__ = ("moves", "even", "strategy", "bins_per_step", "resume", "partitions")
     MOVES_FIELD_NUMBER: _ClassVar[int]
     EVEN_FIELD_NUMBER: _ClassVar[int]
     STRATEGY_FIELD_NUMBER: _ClassVar[int]
     BINS_PER_STEP_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
     moves: _containers.RepeatedCompositeFieldContainer[BinMove]
     even: bool
     strategy: str
     bins_per_step: int
     resume: bool
-    def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ..., resume: _Optional[bool] = ...) -> None: ...
+    partitions: int
+    def __init__(self, moves: _Optional[_Iterable[_Union[BinMove, _Mapping]]] = ..., even: _Optional[bool] = ..., strategy: _Optional[str] = ..., bins_per_step: _Optional[int] = ..., resume: _Optional[bool] = ..., partitions: _Optional[int] = ...) -> None: ...
 
 class RebalanceProgress(_message.Message):
     __slots__ = ("step", "steps", "bins_moved", "bins_total", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition", "step_seconds")
