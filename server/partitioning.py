@@ -12,7 +12,6 @@ computed once per distinct value.
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,18 +142,21 @@ class PartitionMap:
     bins: int
     owner: tuple[int, ...]
     born: tuple[int, ...] = ()
-    """Per partition, the timestamp a live grow added it at (0: the server was created with it); empty
-    when no grow happened. A partition just added owns no bin yet, so this, not `owner`, counts them."""
+    """Per partition, the timestamp a live grow added it at (0: the server was created with it). A
+    partition may own no bin (just added, or all its bins moved away), so this, not `owner`, counts
+    them; left out, it is one 0 per partition up to the highest owner."""
 
-    @functools.cached_property
-    def partitions(self) -> int:  # cached: the hot paths ask per TE, and `owner` has a tuple entry per bin
-        if self.born:
-            return len(self.born)
-        return max(self.owner) + 1 if self.owner else 1
+    def __post_init__(self) -> None:
+        if not self.born:
+            object.__setattr__(self, "born", (0,) * (max(self.owner) + 1 if self.owner else 1))
 
-    def resized(self, partitions: int, ts: int) -> PartitionMap:
+    @property
+    def partitions(self) -> int:
+        return len(self.born)
+
+    def resized(self, partitions: int, ts: int = 0) -> PartitionMap:
         """The same owners over `partitions` partitions, those added born at `ts` (a live grow or shrink)."""
-        born = (self.born or (0,) * self.partitions)[:partitions]
+        born = self.born[:partitions]
         return PartitionMap(self.bins, self.owner, born + (ts,) * (partitions - len(born)))
 
     def moved(self, owner: tuple[int, ...]) -> PartitionMap:
@@ -239,10 +241,7 @@ class PartitionMap:
         return json.dumps(self._record())
 
     def _record(self) -> dict[str, object]:
-        data: dict[str, object] = {"bins": self.bins, "owner": list(self.owner)}
-        if self.born:
-            data["born"] = list(self.born)
-        return data
+        return {"bins": self.bins, "owner": list(self.owner), "born": list(self.born)}
 
     @classmethod
     def from_json(cls, text: str) -> PartitionMap:

@@ -107,7 +107,7 @@ class Front:
         started = time.perf_counter()
         infos: list[pr.Recoverable] = [r for r, _ in await self.partitions.broadcast(pr.RecoveryInfo())]
         self.sequencer.last_ts = max([self.sequencer.last_ts, *(i.last_ts for i in infos)])
-        chosen = common_checkpoint(infos, self.map.born or (0,) * self.map.partitions)
+        chosen = common_checkpoint(infos, self.map.born)
         recovered = await asyncio.gather(
             *(
                 p.request(pr.Recover(chosen if chosen in info.checkpoints else None, infos[HOME].done))

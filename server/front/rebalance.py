@@ -128,11 +128,8 @@ class Intent:
     target: tuple[int, ...]
     strategy: str
     bins_per_step: int
-
-    @property
-    def partitions(self) -> int:
-        """How many partitions there are once it is done (every one owns a bin then)."""
-        return max(self.target) + 1
+    partitions: int
+    """How many partitions there are once it is done (only `to_partitions` changes it)."""
 
     def bins_left(self, current: PartitionMap) -> int:
         return bins_apart(current.owner, self.target)
@@ -141,7 +138,12 @@ class Intent:
         return bool(self.bins_left(current)) or self.partitions != current.partitions
 
     def save(self, data_dir: Path) -> None:
-        record = {"target": list(self.target), "strategy": self.strategy, "bins_per_step": self.bins_per_step}
+        record = {
+            "target": list(self.target),
+            "strategy": self.strategy,
+            "bins_per_step": self.bins_per_step,
+            "partitions": self.partitions,
+        }
         atomic_write(data_dir / INTENT_FILE, json.dumps(record))
 
     @staticmethod
@@ -155,7 +157,12 @@ class Intent:
         if not path.exists():
             return None
         data = json.loads(path.read_text())
-        found = cls(tuple(int(o) for o in data["target"]), str(data["strategy"]), int(data["bins_per_step"]))
+        found = cls(
+            tuple(int(o) for o in data["target"]),
+            str(data["strategy"]),
+            int(data["bins_per_step"]),
+            int(data.get("partitions", current.partitions)),
+        )
         if len(found.target) != current.bins or not found.unfinished(current):
             cls.clear(data_dir)  # it finished; the crash came before its record went
             return None
@@ -271,7 +278,8 @@ class Rebalancer:
         """Where a request moves the bins to, and how; its mistakes are InvalidArgument or FailedPrecondition."""
         if not resume:
             target = target_owner(self.front.map, moves, even, partitions)
-            return Intent(target, strategy or DEFAULT_STRATEGY, bins_per_step or DEFAULT_BINS_PER_STEP)
+            count = self.front.map.partitions if partitions is None else partitions
+            return Intent(target, strategy or DEFAULT_STRATEGY, bins_per_step or DEFAULT_BINS_PER_STEP, count)
         if moves or even or partitions is not None:
             raise InvalidArgument(
                 "rebalance: resume takes no bin moves, even or partition count: it finishes the interrupted one"
@@ -279,7 +287,7 @@ class Rebalancer:
         found = self.interrupted
         if found is None:
             raise FailedPrecondition("rebalance: no migration was interrupted; there is nothing to resume")
-        return Intent(found.target, strategy or found.strategy, bins_per_step or found.bins_per_step)
+        return Intent(found.target, strategy or found.strategy, bins_per_step or found.bins_per_step, found.partitions)
 
     async def run(
         self,
@@ -301,8 +309,12 @@ class Rebalancer:
         current = self.front.map
         intent = self.intent(moves, even, partitions, strategy, bins_per_step, resume)
         maps = plan(current, intent.target, intent.strategy, intent.bins_per_step)
-        grow = intent.partitions > current.partitions
-        steps: list[PartitionMap | int] = [*([intent.partitions] if grow else []), *maps]
+        grow, shrink = intent.partitions > current.partitions, intent.partitions < current.partitions
+        steps: list[PartitionMap | int] = [
+            *([intent.partitions] if grow else []),
+            *maps,
+            *([intent.partitions] if shrink else []),
+        ]
         reason = unmovable(self.front.catalog)
         if reason is not None and steps:
             raise FailedPrecondition(f"rebalance: {reason}")
@@ -322,7 +334,7 @@ class Rebalancer:
                     before = self.front.map
                     started = time.monotonic()
                     if isinstance(new, int):
-                        rows, ts = await self.grow(new)
+                        rows, ts = await (self.grow(new) if new > before.partitions else self.shrink(new))
                     else:
                         rows, ts = await self.step(before.moved(new.owner))
                     progress.step_seconds = time.monotonic() - started
@@ -364,6 +376,17 @@ class Rebalancer:
         async with self.front.deploying:
             return await self.step(self.front.map, added)
 
+    async def shrink(self, partitions: int) -> tuple[int, int]:
+        """Retires the partitions from `partitions` on, which own no bin any more, in one step; returns
+        its rows and timestamp.
+
+        Their exactly-once marks, taken batch ids, rejections and retained
+        stream tuples go to the home partition in the step (a batch they
+        took stays a re-send, subscribers still read what they stored); once
+        it is done their workers stop and their directories go.
+        """
+        return await self.step(self.front.map.resized(partitions))
+
     async def step(self, new: PartitionMap, added: list[Partition] | None = None) -> tuple[int, int]:
         """One step at the next timestamp (adding the `added` partitions); returns its rows and timestamp."""
         # from here until the gate takes the step, nothing awaits: commands after `ts` route by `new`, and
@@ -381,12 +404,17 @@ class Rebalancer:
         """The step, run again at the same timestamp if the workers were restarted under it (unless DONE)."""
         while True:
             try:
-                return await self._run(ts, new, added)
+                rows = await self._run(ts, new, added)
             except Restarted:
                 await self.supervisor.recovered()
-                if ts in self.supervisor.done:
-                    await asyncio.to_thread(new.save, self.data_dir)
-                    return 0
+                if ts not in self.supervisor.done:
+                    continue
+                await asyncio.to_thread(new.save, self.data_dir)
+                rows = 0
+            if len(self.partitions) > new.partitions:  # retired: nothing after the step reaches them
+                await self.partitions.retire(new.partitions)
+                await asyncio.to_thread(remove_partitions_from, self.config, new.partitions)
+            return rows
 
     async def _run(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
         every = self.partitions.all

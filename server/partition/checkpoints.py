@@ -10,7 +10,6 @@ partition map and the last timestamp, which travel in the checkpoint's meta.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import shutil
 from collections.abc import Callable
@@ -22,7 +21,7 @@ import pyarrow as pa
 from streamtx.recovery import Checkpoint, Snapshot, begin_snapshot
 from streamtx.recovery.checkpoint import list_checkpoints
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import STREAM_SCHEMA, TS_COLUMN, TS_COLUMN_BEFORE, WINDOW_SCHEMA, quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, TS_COLUMN, TS_COLUMN_BEFORE, WINDOW_SCHEMA
 from streamtx.server.catalog.physical import create_statements
 
 if TYPE_CHECKING:
@@ -53,13 +52,7 @@ def restore(engine: Engine, ckpt: Checkpoint, restore_into: Callable[..., Any]) 
     engine.windows.load()
     engine.load_marks()
     engine.marks.restored(int(meta["last_ts"]))
-    engine.retained = {}
-    for stream in engine.catalog.retained:
-        ids = engine.con.execute(
-            f"SELECT DISTINCT {TS_COLUMN} FROM {STREAM_SCHEMA}.{quote(stream)} ORDER BY {TS_COLUMN}"
-        ).fetchall()
-        if ids:
-            engine.retained[stream] = collections.deque(b for (b,) in ids)
+    engine.load_retained()
 
 
 def _current_columns(tables: dict[tuple[str, str], pa.Table]) -> dict[tuple[str, str], pa.Table]:

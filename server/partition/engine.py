@@ -252,6 +252,16 @@ class Engine:
         return code
 
     # ----------------------------------------------------- exactly-once marks
+    def load_retained(self) -> None:
+        """The timestamps of the retained streams' stored batches, as their tables hold them."""
+        self.retained = {}
+        for stream in self.catalog.retained:
+            ids = self.con.execute(
+                f"SELECT DISTINCT {TS_COLUMN} FROM {STREAM_SCHEMA}.{quote(stream)} ORDER BY {TS_COLUMN}"
+            ).fetchall()
+            if ids:
+                self.retained[stream] = collections.deque(b for (b,) in ids)
+
     def load_marks(self) -> None:
         self.marks.load(
             self.con.execute(

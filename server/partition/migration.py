@@ -41,7 +41,7 @@ import pyarrow as pa
 from streamtx.errors import FailedPrecondition, Internal
 from streamtx.server import protocol as pr
 from streamtx.server.catalog.catalog import Catalog
-from streamtx.server.catalog.compile import quote
+from streamtx.server.catalog.compile import STREAM_SCHEMA, SYSTEM_SCHEMA, quote
 from streamtx.server.catalog.placement import PARTITIONED, REPLICATED, SINGLE
 from streamtx.server.partition.binned import SIGNED, BinnedKeys
 from streamtx.server.partitioning import HOME, PartitionMap
@@ -49,6 +49,9 @@ from streamtx.server.partitioning import HOME, PartitionMap
 if TYPE_CHECKING:
     from streamtx.server.partition.engine import Engine
     from streamtx.server.partition.journal import Journal
+
+DEDUP_TABLES = ("producers", "taken", "rejections")
+"""The system tables of a partition's exactly-once state (engine.py `SYSTEM_DDL`)."""
 
 
 def unmovable(catalog: Catalog) -> str | None:
@@ -114,6 +117,7 @@ class Migration:
             eng.rollback()
             return
         eng.commit(hold_back=True)
+        after_arrival(eng, self._arrived[0])
         eng.marks.ran(step.ts)
         install_map(eng, step.map)
         if journal is not None:
@@ -140,6 +144,8 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
     reason = unmovable(eng.catalog)
     if reason is not None:
         raise FailedPrecondition(f"rebalance: {reason}")
+    if eng.partition >= new.partitions:
+        return left_behind(eng)
     parts, out = copies_for_added(eng, new)
     if not gives_bins(eng.map, new, eng.partition):
         return parts, out  # a partition holds rows of its own bins only: none leaves, no table need be read
@@ -192,6 +198,23 @@ def copies_for_added(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, st
     return parts, out
 
 
+def left_behind(eng: Engine) -> tuple[list[tuple[int, str]], list[pa.Table]]:
+    """On a partition the new map retires (it owns no bin any more): what else it holds, for the home
+    partition. Its exactly-once marks, taken batch ids and rejections (a batch it took stays a re-send
+    once it is gone) and its retained streams' tuples (subscribers read them from home then)."""
+    eng.state.barrier(frozenset(), keep_index=True)  # the marks and tuples held back are written first
+    streams = sorted(eng.catalog.retained)
+    names = [*(f"{SYSTEM_SCHEMA}.{t}" for t in DEDUP_TABLES), *(f"{STREAM_SCHEMA}.{s}" for s in streams)]
+    out = [eng.con.sql(f"SELECT * FROM {_relation(name)}").to_arrow_table() for name in names]
+    return [(HOME, name) for name in names], out
+
+
+def _relation(name: str) -> str:
+    """The SQL name of a moving relation: a user table's, or a system or stream table's (`left_behind`)."""
+    schema, dot, table = name.partition(".")
+    return f"{schema}.{quote(table)}" if dot and schema in (SYSTEM_SCHEMA, STREAM_SCHEMA) else quote(name)
+
+
 def _leaving_keys(eng: Engine, table: str, column: str, new: PartitionMap) -> pa.Array | None:
     """The keys of `table` (as many as it holds, maybe more) whose bins `new` gives away, from the keys kept
     since the last step (`BinnedKeys`) or read now and kept; None if the table's keys cannot be kept so."""
@@ -218,19 +241,63 @@ def gives_bins(old: PartitionMap, new: PartitionMap, partition: int) -> bool:
 def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list[pa.Table]) -> None:
     """Inserts (in the open transaction) rows that moved here, table by table."""
     con = eng.con
-    eng.state.barrier_tables(frozenset(names))
+    if _retired_state(names):
+        eng.state.barrier(frozenset(), keep_index=True)  # marks held back are written before the merge
+    else:
+        eng.state.barrier_tables(frozenset(names))
     for table, rows in zip(names, tables, strict=True):
         if rows.num_rows == 0:
             continue
         columns = ", ".join(quote(c) for c in rows.column_names)
         con.register("__streamtx_arrived", rows)
         try:
-            con.execute(f"INSERT INTO {quote(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived")
+            if table == f"{SYSTEM_SCHEMA}.producers":  # a producer's mark is the highest batch id either took
+                con.execute(
+                    f"DELETE FROM {SYSTEM_SCHEMA}.producers p USING __streamtx_arrived a WHERE "
+                    "p.producer_id = a.producer_id AND p.stream = a.stream AND p.last_batch_id < a.last_batch_id"
+                )
+                con.execute(
+                    f"INSERT INTO {SYSTEM_SCHEMA}.producers SELECT {columns} FROM __streamtx_arrived a WHERE NOT "
+                    f"EXISTS (SELECT 1 FROM {SYSTEM_SCHEMA}.producers p WHERE p.producer_id = a.producer_id "
+                    "AND p.stream = a.stream)"
+                )
+            else:
+                verb = "INSERT OR IGNORE" if table == f"{SYSTEM_SCHEMA}.rejections" else "INSERT"
+                con.execute(f"{verb} INTO {_relation(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived")
         finally:
             con.unregister("__streamtx_arrived")
         eng.state.index_keys(table, rows)
     if names:
         eng.state.refresh_views(frozenset(names))
+
+
+def handed_marks(names: list[str], tables: list[pa.Table]) -> dict[tuple[str, str], int]:
+    """The exactly-once marks a retired partition handed over in a step (none in other steps).
+
+    Recovery counts every batch id up to them as taken, like a checkpoint's
+    marks: the step ran after every batch before it was durable, and the
+    retired partition's log, which named them, is gone.
+    """
+    found: dict[tuple[str, str], int] = {}
+    for name, rows in zip(names, tables, strict=True):
+        if name == f"{SYSTEM_SCHEMA}.producers":
+            for producer, stream, batch_id in zip(
+                *(rows.column(c).to_pylist() for c in ("producer_id", "stream", "last_batch_id")), strict=True
+            ):
+                found[(producer, stream)] = max(found.get((producer, stream), 0), batch_id)
+    return found
+
+
+def _retired_state(names: list[str] | tuple[str, ...]) -> bool:
+    return any(name.startswith(f"{SYSTEM_SCHEMA}.") for name in names)
+
+
+def after_arrival(eng: Engine, names: list[str] | tuple[str, ...]) -> None:
+    """Once a step that brought a retired partition's state committed: its marks and retained tuples
+    are this partition's too."""
+    if _retired_state(names):
+        eng.load_marks()
+        eng.load_retained()
 
 
 def install_map(eng: Engine, partition_map: str) -> None:
@@ -249,6 +316,7 @@ def replay(eng: Engine, ts: int, head: dict, tables: list[pa.Table]) -> None:
         eng.rollback()
         raise
     eng.commit()
+    after_arrival(eng, head["tables"])
     eng.marks.ran(ts)
     install_map(eng, head["map"])
 

@@ -92,6 +92,9 @@ def recover(
             head, tables = decode_command(record.payload)
             for producer, stream, batch_id in _taken(record.kind, head):
                 taken.setdefault((producer, stream), []).append(batch_id)
+            if record.kind == K.MIGRATE:  # a retired partition's marks: every id up to them was taken
+                for key, mark in migration.handed_marks(head["tables"], tables).items():
+                    checkpointed[key] = max(checkpointed.get(key, 0), mark)
             if record.kind == K.PUSH:
                 pushes.append(Push(head["stream"], head["producer"], head["batch_id"], record.ts, tables[0]))
             elif record.kind == K.PUSHES:

@@ -22,9 +22,12 @@ import pytest
 from support.partitions import ACCOUNTS, deposits
 
 from streamtx.client import Client
+from streamtx.client.async_client import rowdata_to_result
 from streamtx.errors import FailedPrecondition, InvalidArgument
 from streamtx.server.embedded import EmbeddedServer
 from streamtx.server.partitioning import PartitionMap
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -343,3 +346,62 @@ def test_keys_written_between_steps_leave_with_their_bins(tmp_path):
         move(c, 0, 1023, 1, "all-at-once")  # partition 0 gives all: what it kept and what arrived since
         assert c.status()["counters"]["partition0.migration_key_reads"] == 2
         move(c, 0, 1023, 0, "batched")
+
+
+LOGGED_HITS = """
+CREATE STREAM hits (account BIGINT, n BIGINT) PARTITION BY (account);
+CREATE TABLE hit_counts (account BIGINT PRIMARY KEY, n BIGINT NOT NULL) PARTITION BY (account);
+CREATE STREAM hit_log (account BIGINT, n BIGINT);
+CREATE PROCEDURE hit ON STREAM hits AS BEGIN
+    INSERT INTO hit_counts SELECT account, sum(n) FROM hits GROUP BY account
+        ON CONFLICT DO UPDATE SET n = hit_counts.n + excluded.n;
+    INSERT INTO hit_log SELECT account, n FROM hits;
+END;
+"""
+"""Batches that run on their account's partition alone, which alone records them, and a stream kept there."""
+
+
+def test_a_retired_partitions_batches_stay_re_sends_and_its_stream_tuples_stay_readable_across_restarts(tmp_path):
+    """Shrinking 2 -> 1 hands the retired partition's marks, taken ids and retained tuples to home: every
+    batch sent again is DUPLICATE after a restart too (the front then knows marks only from the
+    partitions), subscribers read every batch of the stream it kept, and its directory is gone; growing
+    back adds a partition that starts empty and recovers from its own log."""
+    rng = random.Random(7)
+    batches = [(rng.randrange(1, 40), rng.randrange(1, 9)) for _ in range(80)]
+    expected = Counter()
+    for account, n in batches:
+        expected[account] += n
+    data = tmp_path / "data"
+
+    def push_all(c: Client, outcome: str) -> list[int]:
+        sent = [c.push("hits", {"account": [a], "n": [n]}, batch_id=i + 1) for i, (a, n) in enumerate(batches)]
+        acks = [f.result() for f in sent]
+        assert [a.outcome for a in acks] == [outcome] * len(batches)
+        assert dict(c.query("SELECT account, n FROM hit_counts").fetchall()) == dict(expected)
+        return [a.timestamp for a in acks]
+
+    def logged(target: str) -> list[tuple[int, list[tuple[int, int]]]]:
+        """The stream's batches as a reader gets them (ReadStream: bounded, unlike a subscription)."""
+        with grpc.insecure_channel(target) as channel:
+            request = pb.ReadStreamRequest(stream="hit_log", max_batches=len(batches) + 1)
+            reply = pb_grpc.StreamTxStub(channel).ReadStream(request, timeout=30)
+        return [(b.ts, rowdata_to_result(b.data).fetchall()) for b in reply.batches]
+
+    with EmbeddedServer(data, partitions=2) as srv, Client(srv.target, producer_id="p", max_in_flight=32) as c:
+        c.deploy(LOGGED_HITS)
+        stamps = push_all(c, "committed")
+        assert c.status()["counters"].get("partition1.rows.hit_counts", 0) > 0
+        log = [(ts, [(a, n)]) for ts, (a, n) in zip(stamps, batches, strict=True)]
+        steps = list(c.rebalance(partitions=1, strategy="batched", bins_per_step=256))
+        assert steps[-1]["bins_per_partition"] == [1024] and steps[-1]["steps"] == 3
+        assert logged(srv.target) == log
+    assert not (data / "partition-1").exists()
+    with EmbeddedServer(data, partitions=None) as srv, Client(srv.target, producer_id="p") as c:
+        assert c.status()["bins_per_partition"] == [1024]
+        push_all(c, "duplicate")
+        assert logged(srv.target) == log
+        list(c.rebalance(partitions=2))
+    with EmbeddedServer(data, partitions=None) as srv, Client(srv.target, producer_id="p") as c:
+        assert c.status()["bins_per_partition"] == [512, 512]
+        push_all(c, "duplicate")
+        assert logged(srv.target) == log

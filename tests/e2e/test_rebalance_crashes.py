@@ -197,3 +197,50 @@ def test_a_front_dying_while_a_partition_is_added_recovers_with_it_or_without_it
         assert shape == [512, 512]
         found = Counter(PartitionMap(1024, tuple(c.status()["bin_owner"])).owners_of(sorted(expected)).tolist())
         assert rows == [found[0], found[1]]
+
+
+@pytest.mark.parametrize("point", ["pending", "prepared", "decided", "done"])
+def test_a_front_dying_while_a_partition_is_retired_recovers_with_it_or_without_it(tmp_path, monkeypatch, point):
+    """The step retiring partition 1 (which owns no bin by then) is kept if its DONE made it: the server
+    comes back with one partition, the other's directory gone, and its batches still re-sends; else with
+    both, and `resume` retires it."""
+    data = tmp_path / "data"
+    marker = tmp_path / "died"
+    rng = random.Random(point)
+    expected: Counter[int] = Counter()
+    sent = [deposit_rows(rng) for _ in range(100)]
+    srv = EmbeddedServer(data, partitions=2).start()
+    try:
+        with Client(srv.target, producer_id="p", timeout=60) as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            pushed = [c.push("deposits", deposits(rows), batch_id=i + 1) for i, rows in enumerate(sent)]
+            for fut, rows in zip(pushed, sent, strict=True):
+                assert fut.result(timeout=60).outcome == "committed"
+                for account, amount in rows:
+                    expected[account] += amount
+            list(c.rebalance([(0, 1023, 0)]))
+    finally:
+        srv.close()
+    monkeypatch.setenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", f"{point}:{marker}")  # the front reads it at start
+    srv = EmbeddedServer(data, partitions=2).start()
+    try:
+        with Client(srv.target, producer_id="p", timeout=60) as c, pytest.raises(StreamTxError):
+            list(c.rebalance(partitions=1))
+        assert marker.exists()
+        srv.proc.wait(timeout=30)
+    finally:
+        srv.close()
+    monkeypatch.delenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION")
+    retired = point == "done"
+    with EmbeddedServer(data, partitions=None) as again, Client(again.target, producer_id="p") as c:
+        assert (data / "partition-1").exists() != retired
+        status = c.status()
+        assert status["bins_per_partition"] == ([1024] if retired else [1024, 0])
+        if not retired:
+            assert status["rebalance_interrupted"]["bins_left"] == 0
+            assert list(c.rebalance(resume=True))[-1]["bins_per_partition"] == [1024]
+        again_sent = [c.push("deposits", deposits(rows), batch_id=i + 1) for i, rows in enumerate(sent)]
+        assert [f.result(timeout=60).outcome for f in again_sent] == ["duplicate"] * len(sent)
+        assert dict(c.query("SELECT account, balance FROM balances").fetchall()) == dict(expected)
+    assert not (data / "partition-1").exists()

@@ -11,6 +11,7 @@ vote id must be stored once, on the partition its phone's bin names.
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Iterator
 
@@ -78,6 +79,51 @@ def run(target: str, config: VoterConfig, variant: str, batches: list, planned: 
     assert stored == [placed[0], placed[1]]  # each vote once, where its phone's bin lives
 
 
+def resizes(n_batches: int) -> st.SearchStrategy[list[tuple[int, int, str, int]]]:
+    """(after batch i, partitions, strategy, bins per step): grow or shrink among 1-3 partitions."""
+    one = st.tuples(
+        st.integers(0, n_batches),
+        st.integers(1, 3),
+        st.sampled_from(["all-at-once", "fluid", "batched"]),
+        st.integers(64, 512),
+    )
+    return st.lists(one, min_size=1, max_size=3)
+
+
+def run_resizing(target: str, config: VoterConfig, variant: str, batches: list, planned: list) -> None:
+    """`run` with partitions added and retired between the batches; then every batch sent again is a re-send,
+    whichever partition took it (retired ones included); the server ends with 2 partitions again."""
+    oracle = Oracle(config)
+    for batch in batches:
+        for v in batch:
+            oracle.vote(*v)
+    producer = f"resizing-{next(_producers)}"
+    with Client(target, max_in_flight=64, producer_id=producer) as c:
+        drop_all(c)
+        c.deploy(deploy_script(config, variant))
+        c.call("setup", **setup_params(config))
+        futures = []
+        for i, batch in enumerate([*batches, None]):
+            for _, partitions, strategy, per_step in [m for m in planned if m[0] == i]:
+                steps = list(c.rebalance(partitions=partitions, strategy=strategy, bins_per_step=per_step))
+                assert steps[-1]["step"] == steps[-1]["steps"]
+                assert len(c.status()["bins_per_partition"]) == partitions
+            if batch is not None:
+                futures.append(c.push("votes_in", vote_batch(batch), batch_id=i + 1))
+        assert_matches(c, oracle, VARIANTS[variant], futures)
+        status = c.status()
+        partitions = len(status["bins_per_partition"])
+        stored = [status["counters"].get(f"partition{p}.rows.votes", 0) for p in range(partitions)]
+        again = [c.push("votes_in", vote_batch(b), batch_id=i + 1) for i, b in enumerate(batches)]
+        assert [f.result().outcome for f in again] == ["duplicate"] * len(batches)
+        list(c.rebalance(partitions=2))
+    placed = Counter(PartitionMap(BINS, tuple(status["bin_owner"])).owners_of([p for p, _, _ in oracle.votes.values()]))
+    assert stored == [placed[p] for p in range(partitions)]  # each vote once, where its phone's bin lives
+
+
+_producers = itertools.count()
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_a_phone_whose_bin_moves_away_and_back_is_counted_as_it_is_now(server, variant):
     """Its count of votes was cached where it lived first: when it returns, the count it came back with holds."""
@@ -102,3 +148,16 @@ def test_votes_during_random_migrations_end_as_the_oracle(server, variant, data)
     batches = [votes[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
     planned = data.draw(migrations(len(batches)), label="migrations")
     run(server.target, config, variant, batches, planned)
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_votes_while_partitions_are_added_and_retired_end_as_the_oracle(server, variant, data):
+    config = data.draw(voter_configs(), label="config")
+    votes = data.draw(votes_strategy(config.contestants), label="votes")
+    cuts = data.draw(st.lists(st.integers(1, len(votes) - 1), max_size=20), label="cuts")
+    bounds = [0, *sorted(set(cuts)), len(votes)]
+    batches = [votes[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    planned = data.draw(resizes(len(batches)), label="resizes")
+    run_resizing(server.target, config, variant, batches, planned)
