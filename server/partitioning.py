@@ -136,7 +136,8 @@ class PartitionMap:
     """Which partition owns each bin. Part of the durable state of the server (MAP_FILE).
 
     Bins are assigned round-robin at creation; rebalancing (moving bins,
-    front/rebalance.py) is the only thing that changes `owner` later.
+    front/rebalance.py) is the only thing that changes `owner` later, and
+    `born` (adding or retiring partitions).
     """
 
     bins: int

@@ -208,10 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "rebalance",
-        help="move bins between partitions while the server runs (admin)",
+        help="move bins between partitions, or add or retire partitions, while the server runs (admin)",
         description="Moves bins (bin = hash(key) mod --bins of the server) to other partitions in steps at "
         "logical times, each atomic and durable, while the server keeps serving: commands behind a step wait "
-        "for that step only. Shows progress on stderr and prints the final map as a JSON line.",
+        "for that step only; --to-partitions adds or retires partition workers the same way. Shows progress on "
+        "stderr and prints the final map as a JSON line.",
     )
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(

@@ -15,6 +15,11 @@ step, so how long the stream stalls is bounded by what one step moves:
 - `fluid`: one bin per step;
 - `batched`: `bins_per_step` bins per step.
 
+Growing or shrinking the server (`partitions`) is a migration with one more
+step: a first one that adds partitions, owning no bin (their workers were
+started and recovered before it, `grow`), or a last one that retires
+partitions whose bins all left (`shrink`).
+
 Between two steps the migration waits as long as the last step took, so
 the commands that queued behind it run before the next step: the stream
 then stalls for one step at a time, at the cost of the migration lasting
@@ -47,7 +52,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from streamtx.errors import FailedPrecondition, InvalidArgument
+from streamtx.errors import FailedPrecondition, InvalidArgument, Unavailable
 from streamtx.files import atomic_write
 from streamtx.server import log
 from streamtx.server import protocol as pr
@@ -407,6 +412,7 @@ class Rebalancer:
                 rows = await self._run(ts, new, added)
             except Restarted:
                 await self.supervisor.recovered()
+                added = []  # the recovery installed the catalog on every worker
                 if ts not in self.supervisor.done:
                     continue
                 await asyncio.to_thread(new.save, self.data_dir)
@@ -419,8 +425,11 @@ class Rebalancer:
     async def _run(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
         every = self.partitions.all
         try:
-            install = self.front.install_command(new)
-            await asyncio.gather(*(p.request(install) for p in added))
+            install = self.front.install_command(new)  # skipped by one that has it (a restart installed it)
+            try:
+                await asyncio.gather(*(p.request(install) for p in added))
+            except Unavailable as e:  # a death fails it (it is a recovery command): the restart installs it
+                raise Restarted(str(e)) from None
             replies = await asyncio.gather(*(p.request(pr.Migrate(ts, new.to_json())) for p in every))
             arriving: dict[int, tuple[list[str], list[pa.Table]]] = {}
             moved = 0

@@ -26,6 +26,12 @@ keep increasing. Windows kept by a procedure that runs on several
 partitions hold the tuples each partition took, which no bin describes:
 a catalog with one is refused (`unmovable`).
 
+A step may also change the partition count. One that adds partitions gives
+them, from home, a copy of every replicated table (`copies_for_added`). One
+that retires partitions (owning no bin by then) moves what they kept besides
+rows to home: marks, taken batch ids, rejections and retained stream tuples
+(`left_behind`); home merges the marks (the highest per producer's stream).
+
 The log record of a committed step (MIGRATE) holds the new map and the rows
 that arrived; replay deletes the leaving rows again (the same rows: replay
 reaches the same state) and inserts the arrived ones. It is replayed only if

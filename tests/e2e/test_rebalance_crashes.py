@@ -244,3 +244,59 @@ def test_a_front_dying_while_a_partition_is_retired_recovers_with_it_or_without_
         assert [f.result(timeout=60).outcome for f in again_sent] == ["duplicate"] * len(sent)
         assert dict(c.query("SELECT account, balance FROM balances").fetchall()) == dict(expected)
     assert not (data / "partition-1").exists()
+
+
+def test_workers_killed_while_partitions_are_added_and_retired_lose_and_repeat_nothing(tmp_path):
+    """Grow 1 -> 2 and shrink back, twice, batched, while deposits flow and workers (the added one too)
+    are SIGKILLed at random moments, up to ten times: every deposit counts once, on the partition its
+    bin names, and the server ends with one partition and no other directory."""
+    rng = random.Random(11)
+    data = tmp_path / "data"
+    srv = EmbeddedServer(data, partitions=1, extra_args=["--max-restarts", "50"]).start()
+    try:
+        with Client(srv.target, producer_id="killed", timeout=120) as c:
+            c.deploy(ACCOUNTS)
+            c.call("set_fee", kind="deposit", fee=0)
+            expected: Counter[int] = Counter()
+            pending = []
+            stop = threading.Event()
+            progress: list[dict] = []
+
+            def migrate() -> None:
+                with Client(srv.target, timeout=120) as admin:
+                    for partitions in (2, 1, 2, 1):
+                        progress.append(
+                            list(admin.rebalance(partitions=partitions, strategy="batched", bins_per_step=128))[-1]
+                        )
+                stop.set()
+
+            mover = threading.Thread(target=migrate)
+            mover.start()
+            kills = 0
+            while not stop.is_set():
+                for _ in range(10):
+                    rows = deposit_rows(rng)
+                    pending.append((c.push("deposits", deposits(rows)), rows))
+                live = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
+                if kills < 10 and live and rng.random() < 0.3:
+                    victim = rng.choice(live)
+                    os.kill(victim, 9)
+                    wait_dead([victim], 10)
+                    kills += 1
+                time.sleep(rng.uniform(0.02, 0.3))
+            mover.join()
+            for fut, rows in pending:
+                result = fut.result(timeout=120)
+                assert result.outcome == "committed", result
+                for account, amount in rows:
+                    expected[account] += amount
+            assert kills >= 3
+            assert [p["bins_per_partition"] for p in progress] == [[512, 512], [1024], [512, 512], [1024]]
+            assert dict(c.query("SELECT account, balance FROM balances").fetchall()) == dict(expected)
+            status = c.status()
+            assert status["bins_per_partition"] == [1024]
+            assert status["counters"]["partition0.rows.balances"] == len(expected)
+            assert status["counters"]["restarts"] >= 1
+        assert not (data / "partition-1").exists()
+    finally:
+        srv.stop()
