@@ -313,7 +313,7 @@ class Partitions:
 
     async def retire(self, first: int) -> None:
         """Stops partitions `first` and after and forgets them (none owns a bin: a shrink, or an added
-        partition whose step did not finish)."""
+        partition whose step did not finish); they leave the list before this first awaits."""
         gone, self.all = self.all[first:], self.all[:first]
         for p in gone:
             p.hold_on_exit = False

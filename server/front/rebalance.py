@@ -379,6 +379,7 @@ class Rebalancer:
             await asyncio.gather(*(p.stop() for p in added), return_exceptions=True)
             raise
         async with self.front.deploying:
+            await self._serving()
             return await self.step(self.front.map, added)
 
     async def shrink(self, partitions: int) -> tuple[int, int]:
@@ -418,9 +419,16 @@ class Rebalancer:
                 await asyncio.to_thread(new.save, self.data_dir)
                 rows = 0
             if len(self.partitions) > new.partitions:  # retired: nothing after the step reaches them
+                await self._serving()
                 await self.partitions.retire(new.partitions)
                 await asyncio.to_thread(remove_partitions_from, self.config, new.partitions)
             return rows
+
+    async def _serving(self) -> None:
+        """Returns once no worker restart is under way: a restart starts every worker the front lists,
+        which must not change meanwhile (the caller then adds or retires some before it next awaits)."""
+        while not self.supervisor.serving:
+            await self.supervisor.recovered()
 
     async def _run(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
         every = self.partitions.all

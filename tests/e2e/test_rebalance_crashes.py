@@ -15,6 +15,7 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import pytest
 from support.partitions import ACCOUNTS, deposits
@@ -53,6 +54,36 @@ def placed(owner_moves: list[tuple[int, int, int]], accounts: list[int]) -> list
     return [found[0], found[1]]
 
 
+def deposit_while_killing(
+    c: Client, migrate: Callable[[], None], rng: random.Random, chance: float
+) -> tuple[Counter[int], int]:
+    """Pushes deposits while `migrate` runs in a thread, SIGKILLing a live worker with `chance` between
+    pushes (ten kills at most); returns what every deposit acked committed adds up to, and the kills."""
+    pending = []
+    mover = threading.Thread(target=migrate)
+    mover.start()
+    kills = 0
+    while mover.is_alive():
+        for _ in range(10):
+            rows = deposit_rows(rng)
+            pending.append((c.push("deposits", deposits(rows)), rows))
+        live = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
+        if kills < 10 and live and rng.random() < chance:
+            victim = rng.choice(live)
+            os.kill(victim, 9)
+            wait_dead([victim], 10)
+            kills += 1
+        time.sleep(rng.uniform(0.02, 0.3))
+    mover.join()
+    expected: Counter[int] = Counter()
+    for fut, rows in pending:
+        result = fut.result(timeout=120)
+        assert result.outcome == "committed", result
+        for account, amount in rows:
+            expected[account] += amount
+    return expected, kills
+
+
 def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_nothing(tmp_path):
     """Ten kills, at any moment: under a step, between steps, and during the recovery from the last kill
     (a worker dying after answering its last recovery request once left the server waiting on it for ever)."""
@@ -62,37 +93,17 @@ def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_n
         with Client(srv.target, producer_id="killed", timeout=120) as c:
             c.deploy(ACCOUNTS)
             c.call("set_fee", kind="deposit", fee=0)
-            expected: Counter[int] = Counter()
-            pending = []
-            stop = threading.Event()
+            before = [deposit_rows(rng) for _ in range(100)]
+            acked = [c.push("deposits", deposits(rows)) for rows in before]
             progress: list[dict] = []
 
             def migrate() -> None:
                 with Client(srv.target, timeout=120) as admin:
                     progress.extend(admin.rebalance([(0, 127, 1)], strategy="fluid"))
-                stop.set()
 
-            for _ in range(100):
-                rows = deposit_rows(rng)
-                pending.append((c.push("deposits", deposits(rows)), rows))
-            mover = threading.Thread(target=migrate)
-            mover.start()
-            kills = 0
-            while not stop.is_set():
-                for _ in range(10):
-                    rows = deposit_rows(rng)
-                    pending.append((c.push("deposits", deposits(rows)), rows))
-                live = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
-                if kills < 10 and live and rng.random() < 0.4:
-                    victim = rng.choice(live)
-                    os.kill(victim, 9)
-                    wait_dead([victim], 10)
-                    kills += 1
-                time.sleep(rng.uniform(0.02, 0.3))
-            mover.join()
-            for fut, rows in pending:
-                result = fut.result(timeout=120)
-                assert result.outcome == "committed", result
+            expected, kills = deposit_while_killing(c, migrate, rng, 0.4)
+            for fut, rows in zip(acked, before, strict=True):
+                assert fut.result(timeout=120).outcome == "committed"
                 for account, amount in rows:
                     expected[account] += amount
             assert kills == 10
@@ -257,9 +268,6 @@ def test_workers_killed_while_partitions_are_added_and_retired_lose_and_repeat_n
         with Client(srv.target, producer_id="killed", timeout=120) as c:
             c.deploy(ACCOUNTS)
             c.call("set_fee", kind="deposit", fee=0)
-            expected: Counter[int] = Counter()
-            pending = []
-            stop = threading.Event()
             progress: list[dict] = []
 
             def migrate() -> None:
@@ -268,28 +276,8 @@ def test_workers_killed_while_partitions_are_added_and_retired_lose_and_repeat_n
                         progress.append(
                             list(admin.rebalance(partitions=partitions, strategy="batched", bins_per_step=128))[-1]
                         )
-                stop.set()
 
-            mover = threading.Thread(target=migrate)
-            mover.start()
-            kills = 0
-            while not stop.is_set():
-                for _ in range(10):
-                    rows = deposit_rows(rng)
-                    pending.append((c.push("deposits", deposits(rows)), rows))
-                live = [p["pid"] for p in c.status()["partitions"] if p.get("alive")]
-                if kills < 10 and live and rng.random() < 0.3:
-                    victim = rng.choice(live)
-                    os.kill(victim, 9)
-                    wait_dead([victim], 10)
-                    kills += 1
-                time.sleep(rng.uniform(0.02, 0.3))
-            mover.join()
-            for fut, rows in pending:
-                result = fut.result(timeout=120)
-                assert result.outcome == "committed", result
-                for account, amount in rows:
-                    expected[account] += amount
+            expected, kills = deposit_while_killing(c, migrate, rng, 0.3)
             assert kills >= 3
             assert [p["bins_per_partition"] for p in progress] == [[512, 512], [1024], [512, 512], [1024]]
             assert dict(c.query("SELECT account, balance FROM balances").fetchall()) == dict(expected)
