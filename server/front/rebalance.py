@@ -52,7 +52,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from streamtx.errors import FailedPrecondition, InvalidArgument, Unavailable
+from streamtx.errors import FailedPrecondition, InvalidArgument
 from streamtx.files import atomic_write
 from streamtx.server import log
 from streamtx.server import protocol as pr
@@ -337,12 +337,11 @@ class Rebalancer:
                 yield progress
                 for i, new in enumerate(steps):
                     before = self.front.map
-                    started = time.monotonic()
                     if isinstance(new, int):
-                        rows, ts = await (self.grow(new) if new > before.partitions else self.shrink(new))
+                        done = await (self.grow(new) if new > before.partitions else self.shrink(new))
                     else:
-                        rows, ts = await self.step(before.moved(new.owner))
-                    progress.step_seconds = time.monotonic() - started
+                        done = await self.step(before.moved(new.owner))
+                    rows, ts, progress.step_seconds = done
                     if i + 1 < len(steps):  # what queued behind the step runs before the next one
                         await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))
                     progress.step += 1
@@ -358,33 +357,35 @@ class Rebalancer:
                 if not finished:
                     self.interrupted = intent
 
-    async def grow(self, partitions: int) -> tuple[int, int]:
-        """Adds partitions up to `partitions`, owning no bin yet, in one step; returns its rows and timestamp.
+    async def grow(self, partitions: int) -> tuple[int, int, float]:
+        """Adds partitions up to `partitions`, owning no bin yet, in one step; returns `step`'s result.
 
         Their workers start (in directories emptied first: one a step that
-        did not finish left) and recover, empty, before the step; the step
-        installs the catalog on them and gives them the replicated tables'
-        rows, and from its timestamp on they take every command sent to all
-        partitions. A deploy waits for the step (the added would miss it).
+        did not finish left), recover, empty, and install the catalog before
+        the step (a deploy waits until it is done); the step gives them the
+        replicated tables' rows, and from its timestamp on they take every
+        command sent to all partitions.
         """
         first = self.front.map.partitions
         await asyncio.to_thread(remove_partitions_from, self.config, first)
         added = [Partition(i) for i in range(first, partitions)]
-        try:
-            for p in added:
-                await p.attach(await asyncio.to_thread(spawn_worker, p.index, self.config))
-                await p.request(pr.RecoveryInfo())
-                await p.request(pr.Recover(None, []))
-        except BaseException:
-            await asyncio.gather(*(p.stop() for p in added), return_exceptions=True)
-            raise
         async with self.front.deploying:
+            try:
+                install = self.front.install_command(self.front.map.resized(partitions))
+                for p in added:
+                    await p.attach(await asyncio.to_thread(spawn_worker, p.index, self.config))
+                    await p.request(pr.RecoveryInfo())
+                    await p.request(pr.Recover(None, []))
+                    await p.request(install)
+            except BaseException:
+                await asyncio.gather(*(p.stop() for p in added), return_exceptions=True)
+                raise
             await self._serving()
             return await self.step(self.front.map, added)
 
-    async def shrink(self, partitions: int) -> tuple[int, int]:
+    async def shrink(self, partitions: int) -> tuple[int, int, float]:
         """Retires the partitions from `partitions` on, which own no bin any more, in one step; returns
-        its rows and timestamp.
+        `step`'s result.
 
         Their exactly-once marks, taken batch ids, rejections and retained
         stream tuples go to the home partition in the step (a batch they
@@ -393,27 +394,28 @@ class Rebalancer:
         """
         return await self.step(self.front.map.resized(partitions))
 
-    async def step(self, new: PartitionMap, added: list[Partition] | None = None) -> tuple[int, int]:
-        """One step at the next timestamp (adding the `added` partitions); returns its rows and timestamp."""
+    async def step(self, new: PartitionMap, added: list[Partition] | None = None) -> tuple[int, int, float]:
+        """One step at the next timestamp (adding the `added` partitions); returns the rows it moved, its
+        timestamp, and how long it held the commands behind it (from its timestamp to its end)."""
         # from here until the gate takes the step, nothing awaits: commands after `ts` route by `new`, and
         # every partition gets the step after the commands before it (an fsync of a small file meanwhile)
         ts = self.sequencer.next_ts()
+        started = time.monotonic()
         if added:
             new = new.resized(new.partitions + len(added), ts)
         self.front.map.save(self.data_dir, (ts, new))
         _fault("pending")
         self.front.switch_map(ts, new, added)
-        rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new, added or []))
-        return rows, ts
+        rows = await self.gate.run_coordinated(lambda: self._attempts(ts, new))
+        return rows, ts, time.monotonic() - started
 
-    async def _attempts(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
+    async def _attempts(self, ts: int, new: PartitionMap) -> int:
         """The step, run again at the same timestamp if the workers were restarted under it (unless DONE)."""
         while True:
             try:
-                rows = await self._run(ts, new, added)
+                rows = await self._run(ts, new)
             except Restarted:
                 await self.supervisor.recovered()
-                added = []  # the recovery installed the catalog on every worker
                 if ts not in self.supervisor.done:
                     continue
                 await asyncio.to_thread(new.save, self.data_dir)
@@ -430,14 +432,9 @@ class Rebalancer:
         while not self.supervisor.serving:
             await self.supervisor.recovered()
 
-    async def _run(self, ts: int, new: PartitionMap, added: list[Partition]) -> int:
+    async def _run(self, ts: int, new: PartitionMap) -> int:
         every = self.partitions.all
         try:
-            install = self.front.install_command(new)  # skipped by one that has it (a restart installed it)
-            try:
-                await asyncio.gather(*(p.request(install) for p in added))
-            except Unavailable as e:  # a death fails it (it is a recovery command): the restart installs it
-                raise Restarted(str(e)) from None
             replies = await asyncio.gather(*(p.request(pr.Migrate(ts, new.to_json())) for p in every))
             arriving: dict[int, tuple[list[str], list[pa.Table]]] = {}
             moved = 0
