@@ -7,7 +7,9 @@ fixed rate (`--rate` batches/s, each scheduled at its own time whether or
 not earlier ones were acknowledged; latency is from that scheduled time to
 the ack, so a stall shows in full). For each strategy in turn the server
 moves half of partition 0's bins (a quarter of the state) to partition 1 and
-then back, between steady periods. Reported per strategy: the latency
+then back, between steady periods; last, `resize` retires partition 1 (its
+half of the state moves to partition 0 first, in batched steps) and adds it
+back (a new worker, then half the bins to it). Reported per run: the latency
 timeline per 250 ms window (p50, p99, max), latency and throughput while
 migrating against the steady state, how long each migration took, and how
 long its steps held the commands behind them (`step_ms`).
@@ -39,6 +41,8 @@ from .common import latency_summary, progress, ratio_line, round_sig, save_figur
 
 NAME = "migration"
 STRATEGIES = ("all-at-once", "fluid", "batched")
+RESIZE = "resize"
+"""The run that shrinks the server to one partition and grows it back to two, in batched steps."""
 WINDOW_S = 0.25
 WARMUP_S = 2.0
 MAX_LATENCY_TARGET = 10.0
@@ -136,6 +140,13 @@ def _between(acks: list[tuple[float, float]], spans: list[tuple[float, float]]) 
     return [a - d for d, a in acks if any(s <= d < e for s, e in spans)]
 
 
+def _request(args: argparse.Namespace, strategy: str, bins: int, back: bool) -> dict[str, Any]:
+    """What `Client.rebalance` is given for a run's migration out (or back)."""
+    if strategy == RESIZE:
+        return {"partitions": 2 if back else 1, "strategy": "batched", "bins_per_step": args.bins_per_step}
+    return {"moves": _moves(bins, back), "strategy": strategy, "bins_per_step": args.bins_per_step}
+
+
 async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, bins: int, steady: float) -> dict:
     from streamtx.client import AsyncClient
 
@@ -153,10 +164,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
         for back in (False, True):
             await asyncio.sleep(steady)
             started = time.monotonic()
-            reports = [
-                p
-                async for p in admin.rebalance(_moves(bins, back), strategy=strategy, bins_per_step=args.bins_per_step)
-            ]
+            reports = [p async for p in admin.rebalance(**_request(args, strategy, bins, back))]
             last = reports[-1]
             spans.append((started, time.monotonic()))
             step_seconds += [r["step_seconds"] for r in reports if r.get("step")]
@@ -175,8 +183,8 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
         "strategy": strategy,
         "keys": keys,
         "bins": bins,
-        "bins_moved": bins // 4,  # each way
-        "bins_per_step": args.bins_per_step if strategy == "batched" else None,
+        "bins_moved": bins // (2 if strategy == RESIZE else 4),  # each way
+        "bins_per_step": args.bins_per_step if strategy in ("batched", RESIZE) else None,
         "rate": args.rate,
         "keys_per_batch": args.keys_per_batch,
         "steps": steps,
@@ -205,14 +213,15 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     pushed: Counter[int] = Counter()
     with EmbeddedServer(partitions=2, extra_args=["--bins", str(bins)]) as srv:
         with progress(args.quiet) as bar:
-            task = bar.add_task("bench migration", total=len(STRATEGIES) + 1)
+            task = bar.add_task("bench migration", total=len(STRATEGIES) + 2)
             bar.update(task, description=f"migration: loading {keys:,} keys")
             with Client(srv.target) as c:
                 c.deploy(APP)
                 c.call("load_keys", n=keys)
             bar.advance(task)
-            for strategy in STRATEGIES:
-                bar.update(task, description=f"migration: {strategy}, 25% of the state out and back")
+            for strategy in (*STRATEGIES, RESIZE):
+                what = "2 -> 1 -> 2 partitions" if strategy == RESIZE else "25% of the state out and back"
+                bar.update(task, description=f"migration: {strategy}, {what}")
                 line = asyncio.run(_one(args, srv.target, strategy, keys, bins, steady))
                 pushed.update(line.pop("_pushed"))
                 lines.append(line)
@@ -260,7 +269,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
-    """The latency timeline of each strategy (p99 and max per 250 ms), migrations shaded."""
+    """The latency timeline of each run (p50, p99 and max per 250 ms), migrations shaded."""
     from .common import _pyplot
 
     runs = [r for r in records if "timeline" in r]
@@ -277,5 +286,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         ax.set_title(f"{r['strategy']}: {r['steps']} steps, migrations {r['migration_s']} s", fontsize=9)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7, loc="upper right")
-    axes[-1, 0].set_xlabel("seconds (shaded: migrating 25% of the state out, then back)")
+    axes[-1, 0].set_xlabel(
+        "seconds (shaded: migrating 25% of the state out, then back; resize: 2 -> 1 -> 2 partitions)"
+    )
     return save_figure(fig, path)

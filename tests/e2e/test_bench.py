@@ -208,15 +208,17 @@ def test_bench_growth_small_run_checks_each_level_against_the_reference(capsys):
     assert RATIO_KEYS <= last.keys() and last["target"] == 0.8 and last["levels"] == [100, 2000]
 
 
-def test_bench_migration_small_run_moves_a_quarter_out_and_back_and_checks_every_count(tmp_path, capsys):
+def test_bench_migration_small_run_moves_a_quarter_out_and_back_resizes_and_checks_every_count(tmp_path, capsys):
     png = tmp_path / "migration.png"
     args = ["migration", "--quick", "--quiet", "--keys", "3000", "--bins", "32", "--steady", "0.3", "--rate", "100"]
     assert main([*args, "--bins-per-step", "4", "--plot", str(png)]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     runs = {line["strategy"]: line for line in lines if "strategy" in line}
-    assert sorted(runs) == ["all-at-once", "batched", "fluid"]
-    assert {s: r["steps"] for s, r in runs.items()} == {"all-at-once": 2, "fluid": 16, "batched": 4}
-    assert all(r["matches_reference"] and r["bins_moved"] == 8 for r in runs.values())
+    assert sorted(runs) == ["all-at-once", "batched", "fluid", "resize"]
+    # resize: 16 bins each way, 4 steps of 4 and the step retiring (or adding) partition 1
+    assert {s: r["steps"] for s, r in runs.items()} == {"all-at-once": 2, "fluid": 16, "batched": 4, "resize": 10}
+    assert {s: r["bins_moved"] for s, r in runs.items()} == {"all-at-once": 8, "fluid": 8, "batched": 8, "resize": 16}
+    assert all(r["matches_reference"] for r in runs.values())
     assert all(r["rows_moved"] > 0 for r in runs.values())
     assert all(0 < r["step_ms"]["p50"] <= r["step_ms"]["max"] for r in runs.values())  # each step's hold, timed
     ratios = [line for line in lines if "ratio" in line]
