@@ -16,6 +16,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from support.partitions import ACCOUNTS, deposits
@@ -116,16 +117,16 @@ def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_n
         srv.stop()
 
 
-@pytest.mark.parametrize("point", ["pending", "prepared", "decided", "done"])
-def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration_completes(
-    tmp_path, monkeypatch, point
-):
-    data = tmp_path / "data"
+def die_in_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, partitions: int, migrate: Callable[[Client], object]
+) -> Counter[int]:
+    """Deposits, acked, on a new server, then `migrate` with the front set to die at `point` of its first
+    step; returns what the deposits add up to once the front is dead."""
     marker = tmp_path / "died"
     monkeypatch.setenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", f"{point}:{marker}")
     rng = random.Random(point)
     expected: Counter[int] = Counter()
-    srv = EmbeddedServer(data, partitions=2).start()
+    srv = EmbeddedServer(tmp_path / "data", partitions=partitions).start()
     try:
         with Client(srv.target, producer_id="before", timeout=60) as c:
             c.deploy(ACCOUNTS)
@@ -135,13 +136,24 @@ def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration
                 assert fut.result(timeout=60).outcome == "committed"
                 for account, amount in rows:
                     expected[account] += amount
+            c.checkpoint()  # a partition added later has none: it starts from its empty state and its log
             with pytest.raises(StreamTxError):
-                list(c.rebalance([(0, 255, 1)]))
+                migrate(c)
         assert marker.exists()
         srv.proc.wait(timeout=30)
     finally:
         srv.close()
     monkeypatch.delenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION")
+    return expected
+
+
+@pytest.mark.parametrize("point", ["pending", "prepared", "decided", "done"])
+def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration_completes(
+    tmp_path, monkeypatch, point
+):
+    data = tmp_path / "data"
+    rng = random.Random(point)
+    expected = die_in_a_step(tmp_path, monkeypatch, point, 2, lambda c: list(c.rebalance([(0, 255, 1)])))
     moved = point == "done"  # the step's DONE made it to the home partition's log
     with EmbeddedServer(data, partitions=None) as again, Client(again.target, producer_id="after") as c:
         shape, rows = check(c, expected)
@@ -167,28 +179,8 @@ def test_a_front_dying_while_a_partition_is_added_recovers_with_it_or_without_it
     """The step adding partition 1 is kept (with its worker's directory) if its DONE made it, else the
     server comes back with one partition and no trace of the other; either way `resume` finishes the grow."""
     data = tmp_path / "data"
-    marker = tmp_path / "died"
-    monkeypatch.setenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION", f"{point}:{marker}")
     rng = random.Random(point)
-    expected: Counter[int] = Counter()
-    srv = EmbeddedServer(data, partitions=1).start()
-    try:
-        with Client(srv.target, producer_id="before", timeout=60) as c:
-            c.deploy(ACCOUNTS)
-            c.call("set_fee", kind="deposit", fee=0)
-            sent = [deposit_rows(rng) for _ in range(100)]
-            for fut, rows in [(c.push("deposits", deposits(rows)), rows) for rows in sent]:
-                assert fut.result(timeout=60).outcome == "committed"
-                for account, amount in rows:
-                    expected[account] += amount
-            c.checkpoint()  # the added partition has none: it starts from its empty state and its log
-            with pytest.raises(StreamTxError):
-                list(c.rebalance(partitions=2))
-        assert marker.exists()
-        srv.proc.wait(timeout=30)
-    finally:
-        srv.close()
-    monkeypatch.delenv("STREAMTX_FAULT_FRONT_EXIT_IN_MIGRATION")
+    expected = die_in_a_step(tmp_path, monkeypatch, point, 1, lambda c: list(c.rebalance(partitions=2)))
     added = point == "done"
     with EmbeddedServer(data, partitions=None) as again, Client(again.target, producer_id="after") as c:
         assert (data / "partition-1").exists() == added
