@@ -12,7 +12,7 @@ from typing import Any, get_type_hints
 import pytest
 
 from streamtx import cli
-from streamtx.server.config import MAP_FILE, ServerConfig, flags, from_args
+from streamtx.server.config import MAP_FILE, ServerConfig, flags, from_args, partitions_to_start, stored_layout
 from streamtx.server.launch import spawn_worker
 from streamtx.server.partition import worker
 from streamtx.server.partitioning import PartitionMap
@@ -234,3 +234,13 @@ def test_a_server_runs_with_the_settings_of_its_config_file(tmp_path: Path) -> N
 
     with EmbeddedServer(tmp_path / "data", extra_args=["--config", str(file)]) as srv:
         assert int((srv.data_dir / "metrics-port").read_text()) > 0
+
+
+def test_a_step_adding_partitions_left_pending_starts_their_workers_too(tmp_path: Path) -> None:
+    """Recovery keeps or retires them once it knows whether the step finished (front.py)."""
+    current = PartitionMap.round_robin(2, 16)
+    current.save(tmp_path, (90, current.resized(3, 90)))
+    assert stored_layout(tmp_path) == (2, 16)
+    assert partitions_to_start(tmp_path, 2) == 3
+    current.save(tmp_path)
+    assert partitions_to_start(tmp_path, 2) == 2

@@ -9,9 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamtx.errors import InvalidArgument
+from streamtx.server.front.front import common_checkpoint
 from streamtx.server.front.rebalance import BinMove, even_owner, plan, target_owner
 from streamtx.server.partition.migration import gives_bins
 from streamtx.server.partitioning import PartitionMap
+from streamtx.server.protocol import Recoverable
 
 
 @st.composite
@@ -88,3 +90,42 @@ def test_only_a_partition_whose_bins_go_elsewhere_reads_its_tables_in_a_step(cur
         expected = any(a == p and b != p for a, b in zip(current.owner, new.owner, strict=True))
         assert gives_bins(current, new, p) == expected
     assert gives_bins(PartitionMap.round_robin(1, new.bins + 1), new, 0)  # maps of other bins: read, to be safe
+
+
+@settings(max_examples=300, deadline=None)
+@given(current=maps(), data=st.data())
+def test_a_partition_count_spreads_every_bin_over_exactly_that_many(current, data):
+    """Growing or shrinking: every partition kept or added gets its share, none past the count keeps a bin,
+    and a partition kept loses bins only to make room (as few move as `even` moves at that count)."""
+    n = data.draw(st.integers(1, min(current.bins, 7)), label="partitions")
+    target = target_owner(current, [], even=False, partitions=n)
+    counts = Counter(target)
+    assert sorted(counts) == list(range(n))
+    assert max(counts.values()) - min(counts.values()) <= 1
+    kept = [b for b in range(current.bins) if current.owner[b] < n and target[b] == current.owner[b]]
+    surplus = sum(max(0, have - counts[p]) for p, have in Counter(current.owner).items() if p < n)
+    assert len(kept) == sum(1 for b in range(current.bins) if current.owner[b] < n) - surplus
+
+
+def test_a_map_counts_partitions_that_own_no_bin():
+    grown = PartitionMap.round_robin(2, 8).resized(3, ts=40)
+    assert (grown.partitions, grown.born) == (3, (0, 0, 40))
+    emptied = grown.moved((0,) * 8)
+    assert emptied.partitions == 3 and PartitionMap.from_json(emptied.to_json()) == emptied
+    assert emptied.resized(1).born == (0,) and PartitionMap(8, (0, 1) * 4).partitions == 2  # old files: no born
+
+
+@pytest.mark.parametrize("partitions", [0, 9, -1])
+def test_a_partition_count_outside_one_per_bin_is_refused(partitions):
+    with pytest.raises(InvalidArgument, match=f"{partitions} partitions: must be 1..8"):
+        target_owner(PartitionMap.round_robin(2, 8), [], even=False, partitions=partitions)
+
+
+def test_recovery_starts_a_partition_added_after_a_checkpoint_from_its_empty_state():
+    """The newest checkpoint every partition wrote, or was added after (it held nothing at that cut)."""
+    infos = [Recoverable([10, 20], [], 0), Recoverable([10, 20], [], 0), Recoverable([], [], 0)]
+    assert common_checkpoint(infos, (0, 0, 25)) == 20
+    assert common_checkpoint(infos, (0, 0, 15)) == 10  # it missed 20: the one before it, for all
+    assert common_checkpoint(infos, (0, 0)) == 20  # one the map does not name yet: added by a step under way
+    assert common_checkpoint(infos, (0, 0, 5)) is None
+    assert common_checkpoint(infos[:2], (0, 0)) == 20
