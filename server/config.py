@@ -402,7 +402,8 @@ def _stored_map(data_dir: Path) -> dict[str, Any] | None:
 
 
 def _partition_count(record: dict[str, Any]) -> int:
-    """`PartitionMap.partitions` of a map as the data directory records it."""
+    """`PartitionMap.partitions` of a map as the data directory records it (restated here: `streamtx serve`
+    reads it before it imports NumPy, which server/partitioning.py needs; launch.py)."""
     return len(record["born"]) if record.get("born") else max(record["owner"]) + 1
 
 

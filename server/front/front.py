@@ -43,7 +43,7 @@ from streamtx.server.front.rebalance import Rebalancer
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
-from streamtx.server.launch import Launch, launch, remove_partitions_from
+from streamtx.server.launch import Launch, launch
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partitioning import HOME, PartitionMap
 
@@ -120,7 +120,6 @@ class Front:
             self.map = await asyncio.to_thread(PartitionMap.settled, self.data_dir, set(infos[HOME].done))
             if len(self.partitions) > self.map.partitions:  # added by a step that did not finish
                 await self.partitions.retire(self.map.partitions)
-                await asyncio.to_thread(remove_partitions_from, self.config, self.map.partitions)
             self._set_span_runner(self.map.partitions)
             self.rebalancer.find_interrupted()
         await self.partitions.broadcast(self.install_command(self.map))
@@ -453,7 +452,7 @@ class Front:
         self._maps = [*self._maps[-2:], (ts, self.map)]
         self.map = new
         if added:
-            self.partitions.all += added
+            self.partitions.add(added)
             self.supervisor.adopt(added)
         self._set_span_runner(new.partitions)
 

@@ -32,7 +32,7 @@ from streamtx.server import log
 from streamtx.server import protocol as pr
 from streamtx.server.config import ServerConfig
 from streamtx.server.ipc import Frame, encode, pack, read_frame, unpack
-from streamtx.server.launch import Spawned
+from streamtx.server.launch import Spawned, remove_partitions_from
 
 Reply = tuple[Any, list[pa.Table]]
 """A reply body (server/protocol.py) or `pr.Failed`, and the relations that came with it."""
@@ -304,6 +304,7 @@ class Partitions:
     """All partition workers of this server."""
 
     def __init__(self, config: ServerConfig) -> None:
+        self.config = config
         self.all = [Partition(i) for i in range(config.partitions)]
 
     async def attach(self, spawned: list[Spawned]) -> None:
@@ -311,14 +312,19 @@ class Partitions:
         self.all += [Partition(i) for i in range(len(self.all), len(spawned))]
         await asyncio.gather(*(p.attach(s) for p, s in zip(self.all, spawned, strict=True)))
 
+    def add(self, added: list[Partition]) -> None:
+        """Partitions started and recovered while the server runs (a grow): they take every request from now."""
+        self.all += added
+
     async def retire(self, first: int) -> None:
-        """Stops partitions `first` and after and forgets them (none owns a bin: a shrink, or an added
-        partition whose step did not finish); they leave the list before this first awaits."""
+        """Stops partitions `first` and after, forgets them and deletes their directories (none owns a bin:
+        a shrink, or an added partition whose step did not finish); they leave the list before this awaits."""
         gone, self.all = self.all[first:], self.all[:first]
         for p in gone:
             p.hold_on_exit = False
             p.on_death = None
         await asyncio.gather(*(p.stop() for p in gone), return_exceptions=True)
+        await asyncio.to_thread(remove_partitions_from, self.config, first)
 
     async def stop(self) -> None:
         await asyncio.gather(*(p.stop() for p in self.all), return_exceptions=True)

@@ -423,7 +423,6 @@ class Rebalancer:
             if len(self.partitions) > new.partitions:  # retired: nothing after the step reaches them
                 await self._serving()
                 await self.partitions.retire(new.partitions)
-                await asyncio.to_thread(remove_partitions_from, self.config, new.partitions)
             return rows
 
     async def _serving(self) -> None:

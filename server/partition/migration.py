@@ -257,24 +257,28 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
         columns = ", ".join(quote(c) for c in rows.column_names)
         con.register("__streamtx_arrived", rows)
         try:
-            if table == f"{SYSTEM_SCHEMA}.producers":  # a producer's mark is the highest batch id either took
-                con.execute(
-                    f"DELETE FROM {SYSTEM_SCHEMA}.producers p USING __streamtx_arrived a WHERE "
-                    "p.producer_id = a.producer_id AND p.stream = a.stream AND p.last_batch_id < a.last_batch_id"
-                )
-                con.execute(
-                    f"INSERT INTO {SYSTEM_SCHEMA}.producers SELECT {columns} FROM __streamtx_arrived a WHERE NOT "
-                    f"EXISTS (SELECT 1 FROM {SYSTEM_SCHEMA}.producers p WHERE p.producer_id = a.producer_id "
-                    "AND p.stream = a.stream)"
-                )
-            else:
-                verb = "INSERT OR IGNORE" if table == f"{SYSTEM_SCHEMA}.rejections" else "INSERT"
-                con.execute(f"{verb} INTO {_relation(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived")
+            for sql in _inserts(table, columns):
+                con.execute(sql)
         finally:
             con.unregister("__streamtx_arrived")
         eng.state.index_keys(table, rows)
     if names:
         eng.state.refresh_views(frozenset(names))
+
+
+def _inserts(table: str, columns: str) -> list[str]:
+    """The statements adding arrived rows (`__streamtx_arrived`) to `table`: plain inserts, but a retired
+    partition's marks merge (a producer's mark is the highest batch id either took) and its rejections
+    skip those home recorded too."""
+    if table == f"{SYSTEM_SCHEMA}.producers":
+        same = "p.producer_id = a.producer_id AND p.stream = a.stream"
+        return [
+            f"DELETE FROM {table} p USING __streamtx_arrived a WHERE {same} AND p.last_batch_id < a.last_batch_id",
+            f"INSERT INTO {table} SELECT {columns} FROM __streamtx_arrived a "
+            f"WHERE NOT EXISTS (SELECT 1 FROM {table} p WHERE {same})",
+        ]
+    verb = "INSERT OR IGNORE" if table == f"{SYSTEM_SCHEMA}.rejections" else "INSERT"
+    return [f"{verb} INTO {_relation(table)} ({columns}) SELECT {columns} FROM __streamtx_arrived"]
 
 
 def handed_marks(names: list[str], tables: list[pa.Table]) -> dict[tuple[str, str], int]:

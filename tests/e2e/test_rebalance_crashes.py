@@ -117,6 +117,15 @@ def test_workers_killed_at_random_moments_of_a_fluid_migration_lose_and_repeat_n
         srv.stop()
 
 
+def deposit_more(c: Client, rng: random.Random, expected: Counter[int], n: int = 50) -> None:
+    """`n` deposits, one at a time, each committed; `expected` takes them."""
+    for _ in range(n):
+        rows = deposit_rows(rng)
+        assert c.push("deposits", deposits(rows)).result(timeout=60).outcome == "committed"
+        for account, amount in rows:
+            expected[account] += amount
+
+
 def die_in_a_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str, partitions: int, migrate: Callable[[Client], object]
 ) -> Counter[int]:
@@ -164,11 +173,7 @@ def test_a_front_dying_at_any_point_of_a_step_recovers_one_map_and_the_migration
         assert c.status()["rebalance_interrupted"]["bins_left"] == (0 if moved else 128)
         steps = list(c.rebalance([(0, 255, 1)]) if moved else c.rebalance(resume=True))
         assert steps[-1]["bins_moved"] == (0 if moved else 128)
-        for _ in range(50):
-            rows_ = deposit_rows(rng)
-            assert c.push("deposits", deposits(rows_)).result(timeout=60).outcome == "committed"
-            for account, amount in rows_:
-                expected[account] += amount
+        deposit_more(c, rng, expected)
         shape, rows = check(c, expected)
         assert shape == [512 - 128, 512 + 128]
         assert rows == placed([(0, 255, 1)], sorted(expected))
@@ -191,11 +196,7 @@ def test_a_front_dying_while_a_partition_is_added_recovers_with_it_or_without_it
         assert balances == dict(expected)
         steps = list(c.rebalance(resume=True))
         assert steps[-1]["bins_moved"] == 512
-        for _ in range(50):
-            rows_ = deposit_rows(rng)
-            assert c.push("deposits", deposits(rows_)).result(timeout=60).outcome == "committed"
-            for account, amount in rows_:
-                expected[account] += amount
+        deposit_more(c, rng, expected)
         shape, rows = check(c, expected)
         assert shape == [512, 512]
         found = Counter(PartitionMap(1024, tuple(c.status()["bin_owner"])).owners_of(sorted(expected)).tolist())
