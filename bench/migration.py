@@ -149,7 +149,10 @@ def _request(args: argparse.Namespace, strategy: str, bins: int, back: bool) -> 
 
 async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, bins: int, steady: float) -> dict:
     from streamtx.client import AsyncClient
+    from streamtx.server.collector import Collector
 
+    # this process's own full collections (its acks pile up) would show as stalls the server did not make
+    collecting = asyncio.create_task(Collector().run_on_loop())
     async with (
         AsyncClient(target, producer_id=f"migration-{uuid.uuid4().hex[:8]}", max_in_flight=1024) as client,
         AsyncClient(target) as admin,
@@ -174,6 +177,7 @@ async def _one(args: argparse.Namespace, target: str, strategy: str, keys: int, 
         end = time.monotonic()
         await producer.stop()
         await task
+    collecting.cancel()
     migrating = _between(producer.acks, spans)
     calm = _between(producer.acks, [(t0, spans[0][0]), (spans[0][1], spans[1][0]), (spans[1][1], end)])
     calm_s = (spans[0][0] - t0) + (spans[1][0] - spans[0][1]) + (end - spans[1][1])
