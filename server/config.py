@@ -241,6 +241,20 @@ class ServerConfig:
         bound=NOT_NEGATIVE,
         metavar="SECONDS",
     )
+    auto_rebalance: float = setting(
+        0.0,
+        flag="--auto-rebalance",
+        help="every SECONDS, if a partition's bins received more keys than their share (by more than "
+        "--auto-rebalance-tolerance), move bins from the most loaded partitions to the least, batched; 0: off",
+        bound=NOT_NEGATIVE,
+        metavar="SECONDS",
+    )
+    auto_rebalance_tolerance: float = setting(
+        0.25,
+        flag="--auto-rebalance-tolerance",
+        help="how far above the mean a partition's keys may be before --auto-rebalance moves bins (0.25: 25%%)",
+        bound=POSITIVE,
+    )
     sql_compiler: str = setting(
         "on",
         flag="--sql-compiler",

@@ -178,6 +178,12 @@ class PartitionMap:
             return np.array([self.owner[_py_hash(v) % self.bins] for v in values.to_pylist()], dtype=np.int32)
         return np.asarray(self.owner, dtype=np.int32)[bins_of(values, self.bins)]
 
+    def bins_for(self, values: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        """The bin of each key (`bins_of`), in plain Python for a few."""
+        if len(values) <= SMALL and _py_hashable(values.type):
+            return np.array([_py_hash(v) % self.bins for v in values.to_pylist()], dtype=np.int64)
+        return bins_of(values, self.bins)
+
     def sole_owner(self, values: pa.Array | pa.ChunkedArray) -> int | None:
         """The one partition owning every key (as `owners` places them, NULL included), or None if several do."""
         if len(values) <= SMALL and _py_hashable(values.type):

@@ -607,6 +607,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
     summary.add_row("last timestamp", str(status.get("last_timestamp", "")))
     owned = status.get("bins_per_partition") or []
     summary.add_row("bins per partition", " ".join(f"{i}:{n}" for i, n in enumerate(owned)) or "[dim]-[/dim]")
+    routed = status.get("keys_per_partition") or []
+    if routed:
+        summary.add_row("keys per partition", " ".join(f"{i}:{n:,}" for i, n in enumerate(routed)) + " (last window)")
     moving = status.get("rebalancing") or {}
     if moving.get("steps"):
         summary.add_row(

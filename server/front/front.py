@@ -34,12 +34,13 @@ from streamtx.server.catalog.placement import HOME as HOME_MODE
 from streamtx.server.config import ServerConfig
 from streamtx.server.front import checks, scatter
 from streamtx.server.front.admission import Admission
+from streamtx.server.front.balance import BinLoad, imbalance, per_partition, proposal
 from streamtx.server.front.coordinator import Coordinator
 from streamtx.server.front.flows import FlowPush, Flows
 from streamtx.server.front.gate import Gate, Span
 from streamtx.server.front.metrics import push_latency
 from streamtx.server.front.partitions import Partition, Partitions, Reply, checked
-from streamtx.server.front.rebalance import Rebalancer
+from streamtx.server.front.rebalance import BinMove, Rebalancer
 from streamtx.server.front.sequencer import Sequencer
 from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
@@ -70,6 +71,8 @@ class Front:
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
         self._maps: list[tuple[int, PartitionMap]] = []  # (ts, map routing the commands after ts): recent steps
+        self.bin_load = BinLoad(self.map.bins) if config.auto_rebalance > 0 else None  # front/balance.py
+        self.keys_per_partition: list[int] = []  # in the last window auto-rebalancing judged (Status)
         self.gate = Gate(None, config.interval_size)
         self._set_span_runner(config.partitions)
         # each helper takes the collaborators it uses, and of the front itself only a narrow port (front/ports.py)
@@ -199,6 +202,8 @@ class Front:
         resend = batch_id <= self.sequencer.dispatched.get((producer, stream), 0)
         if resend and self.sequencer.take_hole(producer, stream, batch_id):
             resend = False  # lost in a crash while a later batch survived (`lost_batches`): taken now
+        if not resend:
+            self._count_keys(stream, table)
 
         def dispatch(ts: int) -> asyncio.Future:
             if resend:
@@ -230,6 +235,7 @@ class Front:
         if not self.sequencer.submit_run(producer, stream, first, len(sizes), lambda ts: futures.extend(dispatch(ts))):
             return None
         self.counters["push_runs"] += 1
+        self._count_keys(stream, table)
         for rows, fut in zip(sizes, futures, strict=True):
             fut.add_done_callback(lambda f, rows=rows: f.cancelled() or self._pushed(stream, rows, f, started))
         return futures
@@ -276,6 +282,49 @@ class Front:
             return out
 
         return dispatch
+
+    def _count_keys(self, stream: str, table: pa.Table) -> None:
+        """The keys of a batch taken on a partitioned stream, by bin, while auto-rebalancing (`BinLoad`)."""
+        if self.bin_load is None or len(self.partitions) < 2:
+            return
+        key = self.catalog.placement.streams.get(stream)
+        if key is not None:
+            self.bin_load.count(self.map, table.column(key))
+
+    async def rebalance_automatically(self) -> None:
+        """Every `--auto-rebalance` seconds: the window's keys per bin, and the migration they call for
+        (front/balance.py), run batched unless a migration is running, interrupted, or workers restart."""
+        every, load = self.config.auto_rebalance, self.bin_load
+        while every > 0 and load is not None:
+            await asyncio.sleep(every)
+            window = load.take()
+            current = self.map
+            self.keys_per_partition = [int(k) for k in per_partition(current.owner, current.partitions, window)]
+            rebalancer = self.rebalancer
+            if rebalancer.running or rebalancer.interrupted or not self.supervisor.serving:
+                continue
+            target = proposal(current, window, self.config.auto_rebalance_tolerance)
+            if target is None:
+                continue
+            moves = [BinMove(b, b, p) for b, p in enumerate(target) if p != current.owner[b]]
+            before, after = (
+                imbalance(current.owner, current.partitions, window),
+                imbalance(target, current.partitions, window),
+            )
+            log.event(
+                "auto_rebalance",
+                f"moving {len(moves)} bin(s): the busiest partition had {before:.2f}x the mean of "
+                f"{int(window.sum()):,} keys in {every:g} s; {after:.2f}x by the same keys once moved",
+                bins=len(moves),
+                imbalance=round(before, 3),
+                expected=round(after, 3),
+            )
+            self.counters["auto_rebalances"] += 1
+            try:
+                async for _ in rebalancer.run(moves, False, strategy="batched"):
+                    pass
+            except StreamTxError as e:
+                log.event("auto_rebalance_failed", f"automatic rebalance failed: {e.message}", level="warning")
 
     def _pushed(self, stream: str, rows: int, out: asyncio.Future, started: float) -> None:
         """A pushed batch's outcome came: its latency, and its stream's counts."""

@@ -355,6 +355,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             bin_owner=front.map.owner,
             rebalancing=_progress(front.rebalancer.running, front.map),
             rebalance_interrupted=_interrupted(front.rebalancer.interrupted, front.map),
+            keys_per_partition=front.keys_per_partition,
         )
 
     async def Rebalance(

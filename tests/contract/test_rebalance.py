@@ -19,7 +19,7 @@ from collections import Counter
 import grpc
 import pyarrow as pa
 import pytest
-from support.partitions import ACCOUNTS, deposits
+from support.partitions import ACCOUNTS, deposits, keys_on
 
 from streamtx.client import Client
 from streamtx.client.async_client import rowdata_to_result
@@ -405,3 +405,58 @@ def test_a_retired_partitions_batches_stay_re_sends_and_its_stream_tuples_stay_r
         assert c.status()["bins_per_partition"] == [512, 512]
         push_all(c, "duplicate")
         assert logged(srv.target) == log
+
+
+def test_auto_rebalance_moves_bins_off_the_partition_keys_crowd_onto_and_keeps_every_deposit(tmp_path, capsys):
+    from streamtx import cli
+
+    hot = keys_on(2, 0, 40)  # every account on partition 0's bins
+    args = ["--auto-rebalance", "0.5"]
+    with (
+        EmbeddedServer(tmp_path / "data", partitions=2, extra_args=args) as srv,
+        Client(srv.target, producer_id="skewed") as c,
+    ):
+        c.deploy(ACCOUNTS)
+        c.call("set_fee", kind="deposit", fee=0)
+        rng = random.Random(7)
+        expected: Counter[int] = Counter()
+
+        def push(batches: int) -> None:
+            futures = []
+            for _ in range(batches):
+                rows = [(rng.choice(hot), rng.randint(1, 9)) for _ in range(10)]
+                futures.append((c.push("deposits", deposits(rows)), rows))
+            for fut, rows in futures:
+                assert fut.result(timeout=60).outcome == "committed"
+                for account, amount in rows:
+                    expected[account] += amount
+
+        push(20)  # 200 keys, fewer than a window needs to be judged: counted, nothing moves
+        deadline = time.monotonic() + 30
+        while not (routed := c.status().get("keys_per_partition") or [0, 0])[0]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert routed[1] == 0 and c.status()["counters"].get("auto_rebalances", 0) == 0
+        assert cli.main(["--target", srv.target, "status"]) == 0
+        assert f"0:{routed[0]:,} 1:0 (last window)" in capsys.readouterr().out
+
+        deadline = time.monotonic() + 120
+        while c.status()["counters"].get("auto_rebalances", 0) == 0 or c.status()["rebalancing"].get("steps"):
+            assert time.monotonic() < deadline, c.status()
+            push(50)
+        status = c.status()
+        moved = status["bins_per_partition"]
+        assert moved[1] > 512, moved  # partition 0 gave bins: some of the hot ones
+        owner = PartitionMap(1024, tuple(status["bin_owner"]))
+        assert set(owner.owners_of(hot).tolist()) == {0, 1}
+
+        push(100)  # the keys now split between the two (and may move again: the windows are random)
+        time.sleep(1.2)  # past the last window with keys: a migration it starts is under way by now
+        while (status := c.status())["rebalancing"].get("steps"):  # no keys come now: no other migration starts
+            time.sleep(0.1)
+        balances = dict(c.query("SELECT account, balance FROM balances").fetchall())
+        assert balances == dict(expected)
+        placed = Counter(PartitionMap(1024, tuple(status["bin_owner"])).owners_of(list(balances)).tolist())
+        counters = status["counters"]
+        assert [counters.get(f"partition{p}.rows.balances", 0) for p in (0, 1)] == [placed[0], placed[1]]
+        assert counters["partition1.rows.balances"] > 0

@@ -337,7 +337,7 @@ class StreamMetrics(_message.Message):
     def __init__(self, stream: _Optional[str] = ..., committed: _Optional[int] = ..., rejected: _Optional[int] = ..., duplicate: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes", "bins", "bins_per_partition", "rebalancing", "bin_owner", "rebalance_interrupted")
+    __slots__ = ("version", "executor", "partitions", "tables", "streams", "windows", "procedures", "triggers", "counters", "last_timestamp", "views", "stream_metrics", "recovery_seconds", "groups", "indexes", "bins", "bins_per_partition", "rebalancing", "bin_owner", "rebalance_interrupted", "keys_per_partition")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +365,7 @@ class StatusResponse(_message.Message):
     REBALANCING_FIELD_NUMBER: _ClassVar[int]
     BIN_OWNER_FIELD_NUMBER: _ClassVar[int]
     REBALANCE_INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    KEYS_PER_PARTITION_FIELD_NUMBER: _ClassVar[int]
     version: str
     executor: str
     partitions: _containers.RepeatedCompositeFieldContainer[PartitionStatus]
@@ -385,7 +386,8 @@ class StatusResponse(_message.Message):
     rebalancing: RebalanceProgress
     bin_owner: _containers.RepeatedScalarFieldContainer[int]
     rebalance_interrupted: InterruptedRebalance
-    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ..., bins: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., rebalancing: _Optional[_Union[RebalanceProgress, _Mapping]] = ..., bin_owner: _Optional[_Iterable[int]] = ..., rebalance_interrupted: _Optional[_Union[InterruptedRebalance, _Mapping]] = ...) -> None: ...
+    keys_per_partition: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, version: _Optional[str] = ..., executor: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[PartitionStatus, _Mapping]]] = ..., tables: _Optional[_Iterable[str]] = ..., streams: _Optional[_Iterable[str]] = ..., windows: _Optional[_Iterable[str]] = ..., procedures: _Optional[_Iterable[str]] = ..., triggers: _Optional[_Iterable[str]] = ..., counters: _Optional[_Mapping[str, int]] = ..., last_timestamp: _Optional[int] = ..., views: _Optional[_Iterable[str]] = ..., stream_metrics: _Optional[_Iterable[_Union[StreamMetrics, _Mapping]]] = ..., recovery_seconds: _Optional[float] = ..., groups: _Optional[_Iterable[str]] = ..., indexes: _Optional[_Iterable[str]] = ..., bins: _Optional[int] = ..., bins_per_partition: _Optional[_Iterable[int]] = ..., rebalancing: _Optional[_Union[RebalanceProgress, _Mapping]] = ..., bin_owner: _Optional[_Iterable[int]] = ..., rebalance_interrupted: _Optional[_Union[InterruptedRebalance, _Mapping]] = ..., keys_per_partition: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class InterruptedRebalance(_message.Message):
     __slots__ = ("strategy", "bins_per_step", "bins_left", "target_owner")
