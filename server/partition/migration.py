@@ -11,11 +11,13 @@ left open between the front's rounds like a coordinated TE's:
 2. `MigrateIn`: the rows other partitions gave up for this one are inserted;
 3. `Decide`: commit (the new map installed) or roll back.
 
-The working set's rows of the tables that move are written back and dropped
-before the step's SQL touches them, inside the transaction (a rollback
-restores them); what else the working set holds back (other tables' rows,
-exactly-once marks, stored stream tuples) stays held back across the step,
-as across an opchain interval (`StateStore.barrier_tables`).
+The working set's rows of the tables that move are written back before the
+step's SQL touches them, and stay held: the rows that leave are removed
+from it and those that arrive join it, inside the transaction (a rollback
+restores it), so a table held whole stays whole and its keys need no point
+query after the step. What else the working set holds back (other tables'
+rows, exactly-once marks, stored stream tuples) stays held back across the
+step, as across an opchain interval (`StateStore.barrier_tables`).
 
 What moves is the rows of tables `PARTITION BY` a column, and with them the
 views over those tables (recomputed on both sides). Stored stream tuples
@@ -176,6 +178,7 @@ def take_leaving(eng: Engine, new: PartitionMap) -> tuple[list[tuple[int, str]],
         finally:
             con.unregister("__streamtx_leaving")
         rows = rows.select(_stored_columns(eng, table))
+        eng.state.moved_out(table, rows)
         dest = new.owners(rows.column(column))
         for p in sorted(set(dest.tolist())):
             parts.append((p, table))
@@ -261,6 +264,7 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
                 con.execute(sql)
         finally:
             con.unregister("__streamtx_arrived")
+        eng.state.moved_in(table, rows)
         eng.state.index_keys(table, rows)
     if names:
         eng.state.refresh_views(frozenset(names))
@@ -312,7 +316,7 @@ def after_arrival(eng: Engine, names: list[str] | tuple[str, ...]) -> None:
 
 def install_map(eng: Engine, partition_map: str) -> None:
     """The new map becomes this partition's (what was derived from the old one, the owners known per
-    key, is keyed by the map and goes with it; the moved tables' cached rows went at `barrier_tables`)."""
+    key, is keyed by the map and goes with it)."""
     eng.map = PartitionMap.from_json(partition_map)
 
 

@@ -118,6 +118,41 @@ class WorkingSet:
             self.versions[t] = self.versions.get(t, 0) + 1
         self._unlog(tables)
 
+    def remove(self, table: str, keys: Iterable[Key]) -> None:
+        """Rows SQL deleted (none dirty: a migration step's leaving rows) are no longer held; undoable."""
+        have = self.rows.get(table)
+        if have is not None:
+            undo = self.undo
+            for k in keys:
+                if k in have:
+                    if undo is not None:
+                        undo.append((have, k, have[k], None))
+                    del have[k]
+        self._changed(table)
+
+    def add(self, table: str, rows: dict[Key, Row | None], hold: bool = True) -> None:
+        """Rows SQL inserted (a migration step's arriving rows, as DuckDB holds them) are held, or with
+        `hold` False forgotten (their keys load again, no longer known missing); undoable."""
+        absent = self.absent.get(table)
+        if absent:
+            absent.difference_update(rows)
+        have = self.rows.setdefault(table, {}) if hold else self.rows.get(table)
+        if have is not None:
+            undo = self.undo
+            for k, row in rows.items():
+                if undo is not None:
+                    undo.append((have, k, have.get(k, UNHELD), None))
+                if hold:
+                    have[k] = row
+                else:
+                    have.pop(k, None)
+        self._changed(table)
+
+    def _changed(self, table: str) -> None:
+        self.epoch += 1
+        self.versions[table] = self.versions.get(table, 0) + 1
+        self._unlog((table,))
+
     def forget(self, table: str) -> None:
         """Drops one table's rows, written back already (none dirty); not inside a transaction."""
         assert not self.dirty.get(table) and self.undo is None

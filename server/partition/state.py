@@ -100,6 +100,11 @@ def _plain_rows(rows: list[Row], cols: list[str]) -> bool:
     return all(_plain(r.get(c)) for r in rows for c in cols)
 
 
+def _same_in_python(t: pa.DataType) -> bool:
+    """Whether Arrow gives a value of type `t` as DuckDB would (an integer, float, string or bool)."""
+    return pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t) or pa.types.is_boolean(t)
+
+
 def _same_plain_kind(keys: list[Any]) -> bool:
     """Keys all ints or all strs, plain: bound one by one they compare as the list parameter's would."""
     kinds = {type(k) for k in keys}
@@ -701,14 +706,50 @@ class StateStore:
             self.ws.drop(writes)
 
     def barrier_tables(self, tables: frozenset[str]) -> None:
-        """`barrier(tables, keep_index=True)` before SQL that reads and writes only `tables` (a migration
-        step): their rows are written and dropped, and the rest stays held back (a full flush writes every
-        mark, stored tuple and other table's row, which cost a step more than its own rows)."""
+        """Before SQL that reads and writes only `tables` (a migration step): their rows are written and
+        stay held, and the rest stays held back (a full flush writes every mark, stored tuple and other
+        table's row, which cost a step more than its own rows). The step then says which rows left and
+        came (`moved_out`, `moved_in`): dropping the tables instead would leave one point query per key
+        for every key touched after, as a table held whole would no longer be."""
         if self._with_views(tables) != tables:  # a view's refresh may read other tables: all go
             self.barrier(tables, keep_index=True)
             return
         self.write_back(tables)
-        self.ws.drop(tables)
+
+    def moved_out(self, table: str, rows: pa.Table) -> None:
+        """SQL deleted these rows of `table` (after `barrier_tables`)."""
+        self.ws.remove(table, self._keys(table, rows) if table in self.ws.rows else ())
+
+    def moved_in(self, table: str, rows: pa.Table) -> None:
+        """SQL inserted these rows into `table` (after `barrier_tables`): the working set holds them, so
+        the keys that came need no point query each when next touched (while the table's held rows stay
+        within `CACHED_ROWS`; past it they are forgotten, to load again)."""
+        ws = self.ws
+        cols, key_cols = self.columns.get(table), self.key_columns.get(table)
+        if cols is None or key_cols is None or not set(cols) <= set(rows.column_names):
+            ws.add(table, {}, hold=False)  # not a table the working set holds
+            return
+        keys = self._keys(table, rows)
+        if len(ws.rows.get(table, ())) + len(keys) > CACHED_ROWS:
+            ws.add(table, dict.fromkeys(keys), hold=False)
+            return
+        if all(_same_in_python(rows.schema.field(c).type) for c in cols):
+            values = zip(*(rows.column(c).to_pylist() for c in cols), strict=True)
+        else:  # as DuckDB gives them, which the rows it loads are
+            self.engine.con.register("__moved_in__", rows)
+            try:
+                values = iter(
+                    self.engine.con.execute(f"SELECT {', '.join(map(quote, cols))} FROM __moved_in__").fetchall()
+                )
+            finally:
+                self.engine.con.unregister("__moved_in__")
+        ws.add(table, {k: dict(zip(cols, v, strict=True)) for k, v in zip(keys, values, strict=True)})
+
+    def _keys(self, table: str, rows: pa.Table) -> list[Any]:
+        cols = self.key_columns[table]
+        if len(cols) == 1:
+            return rows.column(cols[0]).to_pylist()
+        return list(zip(*(rows.column(c).to_pylist() for c in cols), strict=True))
 
     def index_keys(self, table: str, rows: pa.Table) -> None:
         """Rows with these keys were inserted by SQL: the table's key set and keys by bin (if held) take them."""

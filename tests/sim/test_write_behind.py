@@ -36,6 +36,10 @@ op = st.one_of(
     st.tuples(st.just("event"), st.sampled_from(TABLES), KEYS, st.integers(0, 99), st.booleans()),
     st.tuples(st.just("clear")),
     st.tuples(st.just("written_back"), st.sampled_from([None, ("a",), ("b",)])),
+    # a migration step: rows deleted and inserted by SQL (partition/migration.py)
+    st.tuples(
+        st.just("moved"), st.sampled_from(TABLES), st.lists(KEYS, max_size=3), st.lists(KEYS, max_size=3), st.booleans()
+    ),
 )
 
 
@@ -60,6 +64,10 @@ def _apply(ws: WorkingSet, step: tuple) -> None:
         assert ev.rejected == fail
     elif kind == "clear":
         ws.clear()
+    elif kind == "moved":
+        _, table, gone, came, hold = step
+        ws.remove(table, gone)
+        ws.add(table, {k: {"k": k, "n": 100 + k} for k in came}, hold=hold)
     else:
         ws.written_back(None if step[1] is None else set(step[1]))
 
