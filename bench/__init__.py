@@ -36,6 +36,7 @@ VERBS: dict[str, str] = {
     "recovery": "streamtx.bench.recovery",
     "overload": "streamtx.bench.overload",
     "migration": "streamtx.bench.migration",
+    "skew": "streamtx.bench.skew",
 }
 
 

@@ -250,3 +250,18 @@ def test_bench_ipc_quick_echoes_every_row(tmp_path, capsys):
     assert all(r["messages_per_s"] > 0 for r in configs)
     assert RATIO_KEYS <= set(ratio) and ratio["benchmark"] == "ipc" and ratio["ratio"] > 0
     assert plot.stat().st_size > 0
+
+
+def test_bench_skew_small_run_rebalances_the_hot_bins_and_checks_every_count(tmp_path, capsys):
+    png = tmp_path / "skew.png"
+    args = ["skew", "--quick", "--quiet", "--rounds", "1", "--batches", "60", "--rows", "50", "--hot-bins", "8"]
+    assert main([*args, "--plot", str(png)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = {line["placement"]: line for line in lines if "placement" in line}
+    assert sorted(runs) == ["auto", "balanced", "skewed"]
+    assert all(r["matches_reference"] and r["batches_per_s"] > 0 for r in runs.values())
+    assert runs["skewed"]["hot_bins_on_partition_1"] == 0 and runs["balanced"]["hot_bins_on_partition_1"] == 4
+    assert runs["auto"]["auto_rebalances"] >= 1 and 0 < runs["auto"]["hot_bins_on_partition_1"] < 8
+    ratios = [line for line in lines if "ratio" in line]
+    assert [(r["target"], RATIO_KEYS <= r.keys()) for r in ratios] == [(0.9, True), (1.0, True)]
+    assert png.stat().st_size > 0
