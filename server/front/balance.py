@@ -6,7 +6,8 @@ message, or a few Python hashes for a small batch) while the server has two
 partitions or more. Every SECONDS it takes the counts of the window just
 ended and, if the most loaded partition received more than its fair share
 by over `--auto-rebalance-tolerance`, proposes bins to move from the most
-loaded partitions to the least loaded ones, hottest bins that fit first;
+loaded partitions to the least loaded ones, hottest bins that fit first,
+until they are within a quarter of the tolerance;
 the front then runs the migration batched, as `streamtx rebalance --move`
 would (front/rebalance.py). A bin carrying more than the gap between two
 partitions stays (moving it would only swap their roles), so one hot key
@@ -60,20 +61,22 @@ def imbalance(owner: tuple[int, ...], partitions: int, load: np.ndarray) -> floa
 def proposal(
     current: PartitionMap, load: np.ndarray, tolerance: float, min_keys: int = MIN_KEYS
 ) -> tuple[int, ...] | None:
-    """The owner of every bin after the moves that bring the most loaded partition within `tolerance`
-    of the mean (or as close as single bins can), or None when no move is worth making.
+    """When the most loaded partition is over the mean by more than `tolerance`: the owner of every bin
+    after the moves that bring it within a quarter of that (or as close as single bins can); else None.
 
     Greedy, like a scheduler's longest-job-first: the most loaded partition
-    gives the cold end (the least loaded) its hottest bin that is at most
-    half their gap (else the coolest bin below the gap), until it is within
-    tolerance, no bin helps, or a quarter of the bins have moved.
+    gives the least loaded its hottest bin that is at most half their gap
+    (else the coolest bin below the gap), until it is within a quarter of
+    the tolerance, no bin helps, or a quarter of the bins have moved. The
+    gap between the two thresholds keeps the next windows' noise from
+    moving bins back and forth.
     """
     parts = current.partitions
     shares = per_partition(current.owner, parts, load).astype(float)
     total = float(shares.sum())
     if parts < 2 or total < min_keys or shares.max() <= total / parts * (1 + tolerance):
         return None
-    goal = total / parts * (1 + tolerance)
+    goal = total / parts * (1 + tolerance / 4)  # once out of tolerance, as even as bins allow, nearly
     owner = list(current.owner)
     budget = max(1, int(current.bins * MAX_SHARE_MOVED))
     while budget and shares.max() > goal:
