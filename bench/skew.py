@@ -214,7 +214,7 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
     runs = [r for r in records if "placement" in r]
     return plot_bars(
         path,
-        [f"{r['placement']}\n({r['hot_bins_on_partition_1']} of {r['hot_bins']} hot bins on p1)" for r in runs],
+        [f"{r['placement']}\n{r['hot_bins_on_partition_1']}/{r['hot_bins']} hot bins on p1" for r in runs],
         {"batches/s": [r["batches_per_s"] for r in runs]},
         title=f"skewed keys on 2 partitions, {runs[0]['rows_per_batch']} keys of one bin per batch",
         ylabel="batches/s",
