@@ -46,6 +46,7 @@ from streamtx.server.front.spans import SpanPush, Spans
 from streamtx.server.front.supervisor import Supervisor
 from streamtx.server.launch import Launch, launch
 from streamtx.server.loader import ProcedureLoader
+from streamtx.server.partition.migration import unmovable
 from streamtx.server.partitioning import HOME, PartitionMap
 
 CATALOG_FILE = "catalog.json"
@@ -302,6 +303,8 @@ class Front:
             self.keys_per_partition = [int(k) for k in per_partition(current.owner, current.partitions, window)]
             rebalancer = self.rebalancer
             if rebalancer.running or rebalancer.interrupted or not self.supervisor.serving:
+                continue
+            if unmovable(self.catalog) is not None:  # refused anyway (Status and `rebalance` say why)
                 continue
             target = proposal(current, window, self.config.auto_rebalance_tolerance)
             if target is None:
