@@ -94,7 +94,7 @@ class Query:
     subqueries: list[Query] = field(default_factory=list)
     keys: list[tuple[str, str, str]] = field(default_factory=list)  # (table, key source, batch row variable)
     batch_var: str | None = None  # the variable of the input batch's row, if the batch is the only source
-    projections: list[str] | None = None  # each output column's source over the rows (ungrouped queries)
+    projections: list[str] | None = None  # each output column's source over the rows (grouped: the key columns')
     single_row: bool = False  # at most one row whatever the data (an aggregate without GROUP BY, a key lookup)
 
 
@@ -217,7 +217,7 @@ class _Planner:
             self.subqueries,
             self.keys,
             batch_var,
-            None if grouped else self.projections,
+            self.projections,
             single,
         )
 
@@ -570,6 +570,9 @@ class _Planner:
         for k, c in zip(keys, key_codes, strict=True):
             if c.type.kind in ("float", "real"):
                 raise Unsupported(f"GROUP BY {k.sql('duckdb')}: floating point keys run in DuckDB (NaN groups)")
+        # an output column that is a grouping key takes its value from the group's rows: prefetchable
+        by_key = {k.sql(): c.source for k, c in zip(keys, key_codes, strict=True)}
+        self.projections = [by_key.get(e.sql(), "ctx") for _, e in items]  # "ctx": not from the rows alone
         aggs: list[exp.Expression] = []
         for node in [*(e for _, e in items), *(_having_and_order(sel))]:
             for agg in _own_aggregates(node):

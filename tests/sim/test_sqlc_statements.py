@@ -251,6 +251,23 @@ def test_a_top_k_numbers_only_the_rows_the_enclosing_filter_keeps() -> None:
     assert any("count(*) of a whole table: its rows are not read" in line for line in counted), counted
 
 
+def test_a_grouped_upsert_prefetches_the_keys_it_groups_by() -> None:
+    """Its keys load with the interval's, in one query per table, not one point query each as rows are
+    written (DuckDB scans the whole table for a point query)."""
+    with Harness(deploy(["SELECT 1"])) as h:
+        names = h.engine.sql_plans._names("p")
+    grouped = compile_statement(
+        "INSERT INTO kv SELECT k, sum(v), max(s) FROM ins GROUP BY k ON CONFLICT DO UPDATE SET v = excluded.v", names
+    )
+    assert [(table, key({"k": 7, "v": 1, "s": "x", "flag": True}, {})) for table, key in grouped.prefetch] == [
+        ("kv", 7)
+    ]
+    by_other = compile_statement(
+        "INSERT INTO kv SELECT max(k), sum(v), s FROM ins GROUP BY s ON CONFLICT DO UPDATE SET v = excluded.v", names
+    )
+    assert by_other.prefetch == []  # the key is an aggregate: not one batch row's
+
+
 def test_a_kept_top_k_is_re_ranked_only_where_rows_changed() -> None:
     """Between runs the ranking follows the writes of other statements, an abort and SQL run in DuckDB."""
     body = [
