@@ -265,7 +265,6 @@ def insert_arrived(eng: Engine, names: list[str] | tuple[str, ...], tables: list
         finally:
             con.unregister("__streamtx_arrived")
         eng.state.moved_in(table, rows)
-        eng.state.index_keys(table, rows)
     if names:
         eng.state.refresh_views(frozenset(names))
 

@@ -113,10 +113,7 @@ class WorkingSet:
         self.rows = {t: rows for t, rows in self.rows.items() if t not in tables}
         self.absent = {t: keys for t, keys in self.absent.items() if t not in tables}
         self.complete = self.complete - tables
-        self.epoch += 1
-        for t in tables:
-            self.versions[t] = self.versions.get(t, 0) + 1
-        self._unlog(tables)
+        self._changed(*tables)
 
     def remove(self, table: str, keys: Iterable[Key]) -> None:
         """Rows SQL deleted (none dirty: a migration step's leaving rows) are no longer held; undoable."""
@@ -148,10 +145,12 @@ class WorkingSet:
                     have.pop(k, None)
         self._changed(table)
 
-    def _changed(self, table: str) -> None:
+    def _changed(self, *tables: str) -> None:
+        """The rows of `tables` changed without `write`: what was loaded or computed from them is looked at again."""
         self.epoch += 1
-        self.versions[table] = self.versions.get(table, 0) + 1
-        self._unlog((table,))
+        for t in tables:
+            self.versions[t] = self.versions.get(t, 0) + 1
+        self._unlog(tables)
 
     def forget(self, table: str) -> None:
         """Drops one table's rows, written back already (none dirty); not inside a transaction."""
@@ -159,9 +158,7 @@ class WorkingSet:
         self.rows.pop(table, None)
         self.absent.pop(table, None)
         self.complete.discard(table)
-        self.epoch += 1
-        self.versions[table] = self.versions.get(table, 0) + 1  # reloaded, its rows come in another order
-        self._unlog((table,))
+        self._changed(table)  # reloaded, its rows come in another order
 
     def written_back(self, tables: set[str] | None = None) -> None:
         """The dirty keys of `tables` (all: None) are in DuckDB now."""

@@ -721,9 +721,11 @@ class StateStore:
         self.ws.remove(table, self._keys(table, rows) if table in self.ws.rows else ())
 
     def moved_in(self, table: str, rows: pa.Table) -> None:
-        """SQL inserted these rows into `table` (after `barrier_tables`): the working set holds them, so
-        the keys that came need no point query each when next touched (while the table's held rows stay
-        within `CACHED_ROWS`; past it they are forgotten, to load again)."""
+        """SQL inserted these rows into `table` (after `barrier_tables`): the table's key set takes their
+        keys (`index_keys`) and the working set holds them, so the keys that came need no point query each
+        when next touched (while the table's held rows stay within `CACHED_ROWS`; past it they are
+        forgotten, to load again)."""
+        self.index_keys(table, rows)
         ws = self.ws
         cols, key_cols = self.columns.get(table), self.key_columns.get(table)
         if cols is None or key_cols is None or not set(cols) <= set(rows.column_names):
