@@ -255,6 +255,35 @@ class ServerConfig:
         help="how far above the mean a partition's keys may be before --auto-rebalance moves bins (0.25: 25%%)",
         bound=POSITIVE,
     )
+    cluster: str | None = setting(
+        None,
+        flag="--cluster",
+        help="cluster mode: the NATS servers (nats://HOST:PORT, comma-separated) whose JetStream holds the "
+        "cluster's input log; every host runs every request in the log's order (docs/cluster.md)",
+        shown="off: one host, its own command log",
+        metavar="URLS",
+    )
+    host_id: str | None = setting(
+        None,
+        flag="--host-id",
+        help="this host's name in the cluster (needs --cluster); unique per host",
+        shown="none",
+        metavar="NAME",
+    )
+    cluster_log: str = setting(
+        "main",
+        flag="--cluster-log",
+        help="the cluster's name: its log is the JetStream stream STREAMTX_<NAME>; hosts with the same one "
+        "form one cluster",
+        metavar="NAME",
+    )
+    log_replicas: int = setting(
+        1,
+        flag="--log-replicas",
+        help="copies JetStream keeps of the cluster's log (1, 3 or 5; at most the NATS servers); an append "
+        "is acknowledged once a majority holds it",
+        bound=Bound(lambda v: v in (1, 3, 5), "1, 3 or 5"),
+    )
     sql_compiler: str = setting(
         "on",
         flag="--sql-compiler",
@@ -311,6 +340,14 @@ class ServerConfig:
         if (self.tls_cert is None) != (self.tls_key is None):
             given, missing = ("--tls-cert", "--tls-key") if self.tls_key is None else ("--tls-key", "--tls-cert")
             raise ValueError(f"{given} {self.tls_cert or self.tls_key}: needs {missing} as well (both or neither)")
+        if (self.cluster is None) != (self.host_id is None):
+            given = f"--cluster {self.cluster}" if self.host_id is None else f"--host-id {self.host_id}"
+            raise ValueError(f"{given}: cluster mode needs both --cluster and --host-id")
+        if self.cluster is not None and self.durability == "off":
+            raise ValueError(
+                f"--cluster {self.cluster}: needs --durability strong or weak: a host that restarts recovers from its "
+                "own command log and reads the cluster's log on from where that leaves it"
+            )
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise ValueError(
                 f"--tls-client-ca {self.tls_client_ca}: needs --tls-cert and --tls-key (mutual TLS is TLS first)"

@@ -12,11 +12,13 @@ import asyncio
 import gc
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from streamtx.errors import StreamTxError
 from streamtx.server import log, pandas_probe, reflection, security
 from streamtx.server.collector import Collector
 from streamtx.server.config import ServerConfig
@@ -27,6 +29,9 @@ from streamtx.server.front.metrics import serve_metrics
 from streamtx.server.front.service import StreamTxService
 from streamtx.server.launch import Launch
 from streamtx.v1 import streamtx_pb2 as pb
+
+if TYPE_CHECKING:
+    from streamtx.server.cluster.replica import Replica
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
 
@@ -44,6 +49,8 @@ class Server:
         self.metrics_port: int | None = None
         self._health = health.aio.HealthServicer()
         self._stop = asyncio.Event()
+        self.replica: Replica | None = None  # cluster mode (server/cluster/)
+        self._cluster_tasks: list[asyncio.Task] = []
         self.front.supervisor.on_health = self._serving
         self.front.supervisor.on_fatal = lambda _: self._stop.set()
 
@@ -62,7 +69,10 @@ class Server:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        decoding.add_service(StreamTxService(self.front), self._grpc)
+        service = StreamTxService(self.front)
+        if self.config.cluster is not None:
+            await self._join_cluster(service)
+        decoding.add_service(service, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable(self._grpc, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
         address = f"{self.config.host}:{self.config.port}"
@@ -88,7 +98,28 @@ class Server:
                     f"streamtx: cannot serve metrics on {self.config.host}:{self.config.metrics_port}: {e}"
                 ) from None
             (Path(self.config.data_dir) / "metrics-port").write_text(f"{self.metrics_port}\n")
+        if self.replica is not None:
+            address = f"{self.config.host}:{self.port}"
+            self._cluster_tasks = [
+                asyncio.create_task(self.replica.run()),
+                asyncio.create_task(self.replica.keep_position(address)),
+            ]
         (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")  # last: the server is up
+
+    async def _join_cluster(self, service: StreamTxService) -> None:
+        """Opens the cluster's log; the service then sends every request that changes state through it."""
+        from streamtx.server.cluster.inputlog import InputLog  # nats-py: only in cluster mode
+        from streamtx.server.cluster.replica import Replica
+
+        assert self.config.cluster is not None and self.config.host_id is not None
+        inputlog = InputLog(self.config.cluster, self.config.cluster_log, self.config.log_replicas)
+        try:
+            await inputlog.open()
+            self.replica = Replica(service, inputlog, self.config.host_id, Path(self.config.data_dir))
+        except StreamTxError as e:
+            await inputlog.close()
+            raise SystemExit(f"streamtx: {e.message}") from None
+        service.replica = self.replica
 
     async def stop(self, grace: float = 2.0) -> None:
         for name in ("", SERVICE_NAME):
@@ -98,6 +129,12 @@ class Server:
             self._metrics.server_close()
         if self._grpc is not None:
             await self._grpc.stop(grace)
+        for task in self._cluster_tasks:
+            task.cancel()
+        if self.replica is not None:
+            await asyncio.gather(*self._cluster_tasks, return_exceptions=True)
+            self.replica.save()
+            await self.replica.log.close()
         await self.front.stop()
 
     def _serving(self, serving: bool) -> None:

@@ -199,6 +199,19 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints the server status: version, executor, partitions, catalog objects and counters.",
     )
 
+    p = sub.add_parser(
+        "cluster",
+        help="cluster mode: the hosts, the input log's position and copies, and each host's lag",
+        description="Reads the cluster's state from NATS itself (not from a host, so it answers while hosts are "
+        "down): the JetStream stream holding the input log (entries, last position, copies and their lag) and "
+        "every host that announced itself (the last entry it applied, how far behind the log it is, when it "
+        "was last heard from).",
+    )
+    p.add_argument("verb", choices=["status"], help="status: print the cluster's state")
+    p.add_argument("--cluster", required=True, metavar="URLS", help="the NATS servers, as `serve --cluster`")
+    p.add_argument("--cluster-log", default="main", metavar="NAME", help="the cluster's name (default: main)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
+
     sub.add_parser(
         "checkpoint",
         help="take an online checkpoint of every partition now (admin)",
@@ -587,6 +600,56 @@ def _cmd_rebalance(args: argparse.Namespace) -> int:
     keys = ("steps", "bins_moved", "rows_moved", "elapsed_seconds", "timestamp", "bins_per_partition")
     print(json.dumps({k: last.get(k, 0) for k in keys}))
     return EXIT_OK
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from streamtx.errors import StreamTxError
+    from streamtx.server.cluster.inputlog import InputLog
+
+    async def read() -> dict:
+        inputlog = InputLog(args.cluster, args.cluster_log, 1)
+        try:
+            await inputlog.open(timeout=10.0, create=False)
+            return await inputlog.status()
+        finally:
+            await inputlog.close()
+
+    try:
+        status = asyncio.run(read())
+    except StreamTxError as e:
+        print(f"streamtx cluster: {e.message}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(status))
+        return 0
+    console = _console()
+    info = status["log"]
+    summary = Table(title=f"cluster log {info['stream']}", show_header=False)
+    summary.add_column("key", style="bold")
+    summary.add_column("value")
+    summary.add_row("entries", f"{info['entries']:,} (last position {info['last']:,}, {info['bytes']:,} bytes)")
+    copies = ", ".join(
+        f"{c['name']}{' (leader)' if c['leader'] else ''}{'' if c['current'] else ' behind'}" for c in info["copies"]
+    )
+    summary.add_row("replicas", f"{info['replicas']}: {copies or '-'}")
+    console.print(summary)
+    hosts = Table(title="hosts")
+    for column in ("host", "address", "applied", "lag", "partitions", "serving", "last heard"):
+        hosts.add_column(column, justify="right" if column in ("applied", "lag", "partitions") else "left")
+    for h in status["hosts"]:
+        hosts.add_row(
+            _escape(h["host"]),
+            _escape(h.get("address", "")),
+            f"{h.get('applied', 0):,}",
+            f"{h['lag']:,}",
+            str(h.get("partitions", "")),
+            "yes" if h.get("serving") else "no",
+            f"{h['seen_seconds_ago']:g} s ago",
+        )
+    console.print(hosts)
+    return 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -988,6 +1051,7 @@ _COMMANDS = {
     "push": _cmd_push,
     "status": _cmd_status,
     "checkpoint": _cmd_checkpoint,
+    "cluster": _cmd_cluster,
     "rebalance": _cmd_rebalance,
     "health": _cmd_health,
     "top": _cmd_top,

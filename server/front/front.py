@@ -60,7 +60,7 @@ class Front:
         self.loader = ProcedureLoader(config.procedures_path)
         self.catalog = Catalog()
         self.partitions = Partitions(config)
-        self.sequencer = Sequencer(order_timeout=config.order_timeout)
+        self.sequencer = Sequencer(order_timeout=config.order_timeout, parks=config.cluster is None)
         self.counters: collections.Counter[str] = collections.Counter()
         self.push_seconds = push_latency()  # admission to outcome, per pushed batch (front/metrics.py)
         self.stream_counters: collections.Counter[tuple[str, str]] = collections.Counter()  # (stream, outcome|rows)
@@ -296,7 +296,7 @@ class Front:
         """Every `--auto-rebalance` seconds: the window's keys per bin, and the migration they call for
         (front/balance.py), run batched unless a migration is running, interrupted, or workers restart."""
         every, load = self.config.auto_rebalance, self.bin_load
-        while every > 0 and load is not None:
+        while every > 0 and load is not None and self.config.cluster is None:
             await asyncio.sleep(every)
             window = load.take()
             current = self.map

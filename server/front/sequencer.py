@@ -27,9 +27,10 @@ queue order is timestamp order); the returned future is the outcome."""
 
 
 class Sequencer:
-    def __init__(self, *, order_timeout: float, last_ts: int = 0) -> None:
+    def __init__(self, *, order_timeout: float, last_ts: int = 0, parks: bool = True) -> None:
         self.last_ts = last_ts
         self.order_timeout = order_timeout
+        self.parks = parks  # False (cluster mode): an early batch is refused at once, the same on every host
         self.dispatched: dict[tuple[str, str], int] = {}
         self.holes: dict[tuple[str, str], set[int]] = {}  # ids below `dispatched` a crash lost (front.py)
         self._parked: dict[tuple[str, str], dict[int, tuple[Dispatch, asyncio.Future]]] = {}
@@ -67,6 +68,12 @@ class Sequencer:
                 self.dispatched[key] = batch_id
                 self._release(key)
             return fut
+        if not self.parks:
+            raise FailedPrecondition(
+                f"batch {batch_id} of producer {key[0]!r} on stream {key[1]!r} reached the cluster's log before "
+                f"batch {last + 1}; in cluster mode a producer's batches must reach the log in batch-id order "
+                "(one PushStream, or one unary Push at a time)"
+            )
         parked = self._parked.setdefault(key, {})
         if batch_id in parked:
             # the same early batch twice: wait for the first copy's outcome

@@ -12,7 +12,7 @@ import functools
 import sys
 import traceback
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import pyarrow as pa
@@ -36,6 +36,9 @@ from streamtx.server.protocol import Outcome, StatementPlan
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
 from streamtx.wire import Decoded, decode_batches, decode_rowdata, encode_rowdata, params_from_proto
+
+if TYPE_CHECKING:
+    from streamtx.server.cluster.replica import Replica
 
 OUTCOMES = {
     "committed": pb.COMMITTED,
@@ -82,6 +85,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         self.staging = Staging(front.config.staging_max_bytes, front.config.staging_ttl)
         self._taken: collections.OrderedDict[tuple[str, str, int], None] = collections.OrderedDict()
         self._sweep: asyncio.TimerHandle | None = None
+        self.replica: Replica | None = None  # cluster mode: requests that change state go through the log
+
+    async def run_logged(self, kind: str, request: Any) -> Any:
+        """A call or deploy read from the cluster's log, run here as a standalone server runs it."""
+        return await (self._call(request) if kind == "call" else self._deploy(request))
 
     @rpc()
     async def Checkpoint(self, request: pb.CheckpointRequest, context: Any) -> pb.CheckpointResponse:
@@ -93,6 +101,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
 
     @rpc()
     async def Deploy(self, request: pb.DeployRequest, context: Any) -> pb.DeployResponse:
+        if self.replica is not None:
+            return await (await self.replica.submit("deploy", request))
+        return await self._deploy(request)
+
+    async def _deploy(self, request: pb.DeployRequest) -> pb.DeployResponse:
         created, dropped, plans = await self.front.deploy(request.sql)
         return pb.DeployResponse(
             created=[pb.CatalogObject(kind=k, name=n) for k, n in created],
@@ -115,6 +128,8 @@ class StreamTxService(pb_grpc.StreamTxServicer):
             )
         size = request.ByteSize()
         await self._admit_one(request.stream, request.producer_id, request.batch_id, size, self.front.config.push_wait)
+        if self.replica is not None:
+            return await self._logged_one(request, size)
         ack = pb.PushAck(stream=request.stream, producer_id=request.producer_id, batch_id=request.batch_id)
         try:
             outcome = await asyncio.shield(self._started(lambda: self._start_push(request, ack), size))
@@ -123,6 +138,17 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         except StreamTxError as e:
             return self._rejected(ack, e)
         return fill_ack(ack, outcome)
+
+    async def _logged_one(self, request: pb.PushRequest, size: int) -> pb.PushAck:
+        """One admitted batch through the cluster's log: its ack once this host has run it."""
+        assert self.replica is not None
+        try:
+            answer = await self.replica.submit("push", request)
+        except BaseException:
+            self.front.admission.release(1, size)
+            raise
+        release_at_outcome(answer, self.front.admission, size)
+        return (await asyncio.shield(answer))[0]
 
     def _started(self, start: Callable[[], asyncio.Future], size: int) -> asyncio.Future:
         """Starts an admitted batch: its room goes back at its outcome, or now if it does not start."""
@@ -179,7 +205,10 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                     await front.admission.acquire(batches, size)
                     front.counters["push_messages"] += 1
                     try:
-                        message = self._start_message(request)
+                        if self.replica is None:
+                            message: _Message | _Logged = self.start_message(request)
+                        else:
+                            message = _Logged(await self.replica.submit("push", request), batches)
                     except BaseException:
                         front.admission.release(batches, size)
                         raise
@@ -203,7 +232,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
         finally:
             reader.cancel()
 
-    def _start_message(self, request: pb.PushRequest) -> _Message:
+    def start_message(self, request: pb.PushRequest) -> _Message:
         """Sequences every batch of one PushStream message now; `_Message.runs` yields their acks."""
         if request.batch_rows:
             return self._start_many(request)
@@ -291,6 +320,11 @@ class StreamTxService(pb_grpc.StreamTxServicer):
 
     @rpc()
     async def Call(self, request: pb.CallRequest, context: Any) -> pb.CallResponse:
+        if self.replica is not None:
+            return await (await self.replica.submit("call", request))
+        return await self._call(request)
+
+    async def _call(self, request: pb.CallRequest) -> pb.CallResponse:
         ts, results = await self.front.call(request.procedure, params_from_proto(request.params))
         arrow = request.format != pb.ROWS
         return pb.CallResponse(timestamp=ts, results=[encode_rowdata(t, arrow) for t in results])
@@ -363,6 +397,12 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     ) -> AsyncIterator[pb.RebalanceProgress]:
         """A migration's progress as it runs; the request's mistakes are INVALID_ARGUMENT before any step."""
         front = self.front
+        if self.replica is not None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "rebalance: not available in cluster mode yet: every host runs every partition, and bins move "
+                "between partitions of one host only on a standalone server",
+            )
         moves = [BinMove(m.first_bin, m.last_bin, m.partition) for m in request.moves]
         steps = front.rebalancer.run(
             moves,
@@ -478,6 +518,15 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                 self._taken.popitem(last=False)
         ack = pb.PushAck(stream=stream, producer_id=producer, batch_id=batch_id, rows=table.num_rows)
         await self._admit_one(stream, producer, batch_id, 0, None)  # its rows count in --staging-max-bytes
+        if self.replica is not None:  # the staged rows go into the log as one batch
+            data = encode_rowdata(table, True)
+            pushed = pb.PushRequest(stream=stream, producer_id=producer, batch_id=batch_id, data=data)
+            logged = await self._logged_one(pushed, 0)
+            if logged.outcome == pb.REJECTED and front.sequencer.dispatched.get((producer, stream), 0) < batch_id:
+                self._taken.pop(key, None)  # not taken, as below
+                raise FailedPrecondition(logged.reason)
+            front.counters["staged_commits"] += 1
+            return logged
         fut = self._started(lambda: front.push(stream, producer, batch_id, table), 0)
         try:
             outcome = await asyncio.shield(fut)
@@ -555,6 +604,20 @@ class _Message:
                 end += 1
             yield _runs(acks[at:end])
             at = end
+
+
+class _Logged:
+    """The acks of one PushStream message sent through the cluster's log: all at once, when this host ran it."""
+
+    def __init__(self, answer: asyncio.Future, batches: int) -> None:
+        self.answer = answer
+        self.batches = batches
+
+    def release_each(self, admission: Admission, size: int) -> None:
+        self.answer.add_done_callback(lambda f: admission.release(self.batches, size) or f.cancelled() or f.exception())
+
+    async def runs(self) -> AsyncIterator[list[pb.PushAck]]:
+        yield await self.answer
 
 
 def release_at_outcome(fut: asyncio.Future, admission: Admission, size: int) -> None:

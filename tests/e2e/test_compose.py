@@ -20,13 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(120)
 
 
-def compose(*args: str) -> str:
+def compose(*args: str, file: str = "docker-compose.yml") -> str:
     binary = shutil.which("docker-compose")
     assert binary, "docker-compose is not installed: apt-get install docker-compose (.ci/run does it)"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STREAMTX_", "COMPOSE_", "DOCKER_"))}
-    proc = subprocess.run(
-        [binary, "-f", str(ROOT / "docker-compose.yml"), *args], capture_output=True, text=True, cwd=ROOT, env=env
-    )
+    proc = subprocess.run([binary, "-f", str(ROOT / file), *args], capture_output=True, text=True, cwd=ROOT, env=env)
     assert proc.returncode == 0, f"docker-compose {' '.join(args)} failed:\n{proc.stderr}"
     return proc.stdout
 
@@ -54,6 +52,23 @@ def test_compose_file_is_valid_with_server_and_spark_job():
     assert "condition: service_healthy" in config  # the job waits for the server's health check
     assert "127.0.0.1:7411:7411" in config or "published: 7411" in config
     assert "streamtx:7411" in config  # the job talks to the server by its service name
+
+
+def test_the_cluster_compose_file_runs_three_nats_nodes_three_hosts_and_the_spark_job():
+    file = "docker-compose.cluster.yml"
+    services = set(compose("config", "--services", file=file).split())
+    assert services == {"nats-1", "nats-2", "nats-3", "streamtx-a", "streamtx-b", "streamtx-c", "spark-job"}
+    config = compose("config", file=file)
+    urls = "nats://nats-1:4222,nats://nats-2:4222,nats://nats-3:4222"
+    for host in "abc":
+        assert re.search(rf"--host-id\s+- {host}\b", config), host
+    assert config.count(urls) == 3 and config.count("--log-replicas") == 3
+    assert "streamtx-a:7411" in config  # the job pushes to a host by its service name
+    for i in (1, 2, 3):  # every node's configuration fsyncs each append and routes to the other two
+        conf = (ROOT / "deploy" / "nats" / f"nats-{i}.conf").read_text()
+        assert "sync_interval: always" in conf and f"server_name: nats-{i}" in conf
+        routes = set(re.findall(r"nats-route://[\w:-]+", conf))
+        assert {f"nats-route://nats-{j}:6222" for j in (1, 2, 3) if j != i} <= routes
 
 
 def test_prometheus_scrapes_the_server_s_metrics_port():

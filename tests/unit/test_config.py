@@ -31,6 +31,8 @@ def other_value(name: str) -> Any:
         return not default
     if kind in (Path, Path | None):
         return Path("/srv") / name
+    if name == "log_replicas":  # an odd count: a majority of copies acknowledges
+        return 3
     if kind is int:
         return default + 3
     if kind == int | None:  # a port that is off by default
@@ -40,7 +42,13 @@ def other_value(name: str) -> Any:
     return f"{name}-value"
 
 
-NEEDS = {"tls_cert": ("tls_key",), "tls_key": ("tls_cert",), "tls_client_ca": ("tls_cert", "tls_key")}
+NEEDS = {
+    "tls_cert": ("tls_key",),
+    "tls_key": ("tls_cert",),
+    "tls_client_ca": ("tls_cert", "tls_key"),
+    "cluster": ("host_id",),
+    "host_id": ("cluster",),
+}
 """Settings that are only valid along with others."""
 
 
@@ -122,6 +130,10 @@ def test_a_worker_gets_the_front_s_config_but_not_its_token(tmp_path: Path) -> N
         (["--durability", "sometimes"], "argument --durability: invalid choice: 'sometimes' (choose from"),
         (["--executor", "fast"], "argument --executor: invalid choice: 'fast' (choose from"),
         (["--max-in-flight", "many"], "argument --max-in-flight: invalid int value: 'many'"),
+        (["--cluster", "nats://127.0.0.1:4222"], "--cluster nats://127.0.0.1:4222: cluster mode needs both"),
+        (["--host-id", "a"], "--host-id a: cluster mode needs both --cluster and --host-id"),
+        (["--cluster", "nats://x", "--host-id", "a", "--durability", "off"], "needs --durability strong or weak"),
+        (["--log-replicas", "2"], "--log-replicas 2: must be 1, 3 or 5"),
     ],
 )
 def test_a_bad_value_stops_serve_with_a_message_naming_its_flag(tmp_path: Path, args: list[str], message: str) -> None:

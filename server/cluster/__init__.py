@@ -1,0 +1,1 @@
+"""Cluster mode: several hosts applying one replicated input log (NATS JetStream) in the same order."""

@@ -1,0 +1,197 @@
+"""The input log of cluster mode: one JetStream stream that every host appends to and applies in order.
+
+The stream's order is the cluster's order: a host never runs a push, call or
+deploy it received itself; it appends the request to the log and runs it when
+its own reading of the log reaches it, as every other host does
+(cluster/replica.py). JetStream orders, stores and replicates the entries
+(`--log-replicas` copies, a write acknowledged once a majority of them holds
+it); nothing of that is done here.
+
+An entry is the request as its client sent it (protobuf bytes) with two
+headers: its kind and, for the host waiting to answer it, its origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import nats
+from nats.js import api
+from nats.js.errors import NotFoundError
+
+from streamtx.errors import FailedPrecondition, ResourceExhausted, Unavailable
+
+KINDS = ("push", "call", "deploy")
+HEADROOM = 512
+"""Bytes an entry's headers and subject may take beside its body."""
+KIND, ORIGIN = "Streamtx-Kind", "Streamtx-Origin"
+HOSTS_BUCKET = "streamtx_hosts"
+"""A KV bucket where each host says how far it has applied the log (`streamtx cluster status`)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int  # the entry's position in the log, from 1
+    kind: str
+    origin: str  # "host:incarnation:n" of the host waiting for its answer; "" for none
+    body: bytes
+
+
+class InputLog:
+    """The connection to the cluster's log: append, read in order from a position, and the hosts' registry."""
+
+    def __init__(self, servers: str, name: str, replicas: int) -> None:
+        self.servers = [s.strip() for s in servers.split(",") if s.strip()]
+        self.name = name
+        self.subject = f"streamtx.{name}.log"
+        self.replicas = replicas
+        self._nc: Any = None
+        self._js: Any = None
+        self._hosts: Any = None
+
+    async def open(self, timeout: float = 30.0, create: bool = True) -> None:
+        """Connects and makes sure the log exists (creating it with `replicas` copies if not and `create`)."""
+        try:
+            self._nc = await asyncio.wait_for(
+                nats.connect(
+                    servers=self.servers,
+                    name=f"streamtx {self.name}",
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=True,
+                ),
+                timeout,
+            )
+        except Exception as e:
+            raise Unavailable(f"cluster log {', '.join(self.servers)}: cannot connect to NATS: {e}") from None
+        self._js = self._nc.jetstream(timeout=10.0)
+        config = api.StreamConfig(
+            name=self.stream_name,
+            subjects=[self.subject],
+            storage=api.StorageType.FILE,
+            num_replicas=self.replicas,
+            retention=api.RetentionPolicy.LIMITS,
+            discard=api.DiscardPolicy.NEW,  # a full log refuses appends; it never drops entries not yet applied
+        )
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:  # a cluster just started elects its JetStream leader first
+            try:
+                await self._ensure(config, create)
+                break
+            except FailedPrecondition:
+                raise
+            except Exception as e:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise Unavailable(
+                        f"cluster log {self.stream_name}: JetStream did not take it within {timeout:g} s: {e}"
+                    ) from None
+                await asyncio.sleep(0.5)
+
+    async def _ensure(self, config: api.StreamConfig, create: bool) -> None:
+        try:
+            info = await self._js.stream_info(self.stream_name)
+        except NotFoundError:
+            if not create:
+                raise FailedPrecondition(
+                    f"cluster log {self.stream_name}: no such JetStream stream on {', '.join(self.servers)}; no "
+                    f"host of cluster {self.name!r} has started"
+                ) from None
+            await self._js.add_stream(config)  # refused while a new cluster places its peers: retried
+        else:
+            if create and info.config.num_replicas != self.replicas:
+                raise FailedPrecondition(
+                    f"--log-replicas {self.replicas}: the cluster's log {self.stream_name} exists with "
+                    f"{info.config.num_replicas} replica(s); start every host with --log-replicas "
+                    f"{info.config.num_replicas}"
+                )
+        try:
+            self._hosts = await self._js.key_value(HOSTS_BUCKET)
+        except Exception:
+            self._hosts = await self._js.create_key_value(
+                api.KeyValueConfig(bucket=HOSTS_BUCKET, history=1, replicas=self.replicas)
+            )
+
+    @property
+    def stream_name(self) -> str:
+        return f"STREAMTX_{self.name.upper()}"
+
+    async def append(self, kind: str, body: bytes, origin: str) -> asyncio.Future:
+        """Queues the entry on the connection (in call order); the future is JetStream's acknowledgement."""
+        limit = self._nc.max_payload
+        if len(body) + HEADROOM > limit:
+            raise ResourceExhausted(
+                f"cluster log {self.stream_name}: a {kind} of {len(body):,} bytes does not fit in one entry: the NATS "
+                f"servers take messages of {limit:,} bytes at most (their max_payload); push smaller batches, or "
+                "raise max_payload in the NATS configuration (up to 64 MB)"
+            )
+        try:
+            return await self._js.publish_async(
+                self.subject, body, wait_stall=5.0, headers={KIND: kind, ORIGIN: origin}
+            )
+        except Exception as e:
+            raise Unavailable(f"cluster log {self.stream_name}: cannot append: {type(e).__name__}: {e}") from None
+
+    async def entries(self, start: int) -> AsyncIterator[Entry]:
+        """Every entry from position `start`, in log order, waiting for new ones as they come."""
+        config = api.ConsumerConfig(deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=start)
+        sub = await self._js.subscribe(self.subject, ordered_consumer=True, config=config, idle_heartbeat=2.0)
+        try:
+            async for msg in sub.messages:
+                headers = msg.headers or {}
+                yield Entry(msg.metadata.sequence.stream, headers.get(KIND, ""), headers.get(ORIGIN, ""), msg.data)
+        finally:
+            await sub.unsubscribe()
+
+    async def status(self) -> dict[str, Any]:
+        """The log and every host that announced itself, with how far behind the log's end each one is."""
+        info, hosts = await self.info(), await self.hosts()
+        now = time.time()
+        for record in hosts.values():
+            record["lag"] = max(info["last"] - int(record.get("applied", 0)), 0)
+            record["seen_seconds_ago"] = round(max(now - float(record.get("time", now)), 0.0), 1)
+        return {"log": info, "hosts": [hosts[h] for h in sorted(hosts)]}
+
+    async def info(self) -> dict[str, Any]:
+        """The log's position and its copies: last entry, bytes, leader and replicas with their lag."""
+        info = await self._js.stream_info(self.stream_name)
+        cluster = info.cluster
+        copies = []
+        if cluster is not None:
+            copies.append({"name": cluster.leader, "leader": True, "current": True, "lag": 0})
+            for r in cluster.replicas or []:
+                copies.append({"name": r.name, "leader": False, "current": bool(r.current), "lag": r.lag or 0})
+        return {
+            "stream": self.stream_name,
+            "entries": info.state.messages,
+            "last": info.state.last_seq,
+            "bytes": info.state.bytes,
+            "replicas": info.config.num_replicas,
+            "copies": copies,
+        }
+
+    async def announce(self, host: str, record: dict[str, Any]) -> None:
+        await self._hosts.put(host, json.dumps(record).encode())
+
+    async def hosts(self) -> dict[str, dict[str, Any]]:
+        """What each host last said of itself (`announce`)."""
+        try:
+            keys = await self._hosts.keys()
+        except Exception:  # nats-py raises NoKeysError for an empty bucket
+            return {}
+        out = {}
+        for key in keys:
+            entry = await self._hosts.get(key)
+            out[key] = json.loads(entry.value)
+        return out
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            try:
+                await self._nc.drain()
+            except Exception:
+                await self._nc.close()

@@ -1,0 +1,245 @@
+"""A host of a cluster: runs the input log's entries in log order, and answers the ones it appended.
+
+Every host runs every entry of the log (cluster/inputlog.py) through the
+same code a standalone server runs a request with, in the same order, so
+every host's tables are the same at the same log position: the scheduler is
+deterministic, and a re-sent batch is DUPLICATE wherever it is read, because
+the dedup marks are part of the state. Timestamps follow the log too: an
+entry at position `seq` takes its timestamps from `seq << TS_SHIFT` on.
+
+A host remembers how far it has applied the log (`POSITION_FILE`, written
+every `SAVE_EVERY` seconds, only up to entries whose outcomes are durable
+here). After a crash it recovers its partitions from its own command log and
+reads the log again from that position: what it had applied since is
+DUPLICATE, what its crash lost is taken anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import json
+import os
+import secrets
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailable
+from streamtx.server import log
+from streamtx.server.cluster.inputlog import Entry, InputLog
+from streamtx.v1 import streamtx_pb2 as pb
+
+TS_SHIFT = 20
+"""An entry's timestamps start at its log position << TS_SHIFT: room for 2**20 batches per entry."""
+MAX_OUTSTANDING = 1024
+"""Entries started and not yet answered; reading the log waits beyond it."""
+POSITION_FILE = "cluster.json"
+SAVE_EVERY = 0.5
+ANSWER_TIMEOUT = 30.0
+"""Seconds a request waits for the log to take it; past that its caller gets UNAVAILABLE (and may re-send)."""
+
+
+class Replica:
+    """The log reader of one host, and the requests of this host's clients that wait for it."""
+
+    def __init__(self, service: Any, inputlog: InputLog, host: str, data_dir: Path) -> None:
+        self.service = service  # server/front/service.py StreamTxService: runs an entry as a request
+        self.front = service.front
+        self.log = inputlog
+        self.host = host
+        self.path = Path(data_dir) / POSITION_FILE
+        self.applied = self._load_position()
+        self.read = self.applied  # the last entry started
+        self.started_at = time.time()
+        self._incarnation = secrets.token_hex(4)
+        self._numbers = itertools.count(1)
+        self._waiting: dict[str, asyncio.Future] = {}
+        self._started: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+        self._fault: BaseException | None = None
+        self._saved = self.applied
+
+    # ------------------------------------------------------------ requests
+    async def submit(self, kind: str, request: Any) -> asyncio.Future:
+        """Appends a request to the log; the future is its answer once this host has run it."""
+        origin = f"{self.host}:{self._incarnation}:{next(self._numbers)}"
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future = loop.create_future()
+        self._waiting[origin] = answer
+        try:
+            taken = await self.log.append(kind, request.SerializeToString(), origin)
+        except BaseException:
+            self._waiting.pop(origin, None)
+            raise
+        timer = loop.call_later(ANSWER_TIMEOUT, self._give_up, origin)
+        answer.add_done_callback(lambda _: timer.cancel())
+        taken.add_done_callback(lambda t: self._refused(origin, t))
+        return answer
+
+    def _refused(self, origin: str, taken: asyncio.Future) -> None:
+        error = None if taken.cancelled() else taken.exception()
+        if error is None and not taken.cancelled():
+            return
+        answer = self._waiting.pop(origin, None)
+        if answer is not None and not answer.done():
+            answer.set_exception(Unavailable(f"cluster log {self.log.stream_name}: the append failed: {error}"))
+
+    def _give_up(self, origin: str) -> None:
+        answer = self._waiting.pop(origin, None)
+        if answer is not None and not answer.done():
+            answer.set_exception(
+                Unavailable(
+                    f"cluster log {self.log.stream_name}: no answer within {ANSWER_TIMEOUT:g} s (host {self.host} "
+                    f"has applied the log to {self.applied}); re-send with the same batch id: a batch the log "
+                    "took meanwhile is answered DUPLICATE"
+                )
+            )
+
+    # ---------------------------------------------------------------- reading
+    async def run(self) -> None:
+        """Reads and runs the log for as long as the server serves; after a fault, again from `applied`."""
+        while True:
+            try:
+                async for entry in self.log.entries(self.applied + 1):
+                    await self._apply(entry)
+                    if self._fault is not None:
+                        break
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the connection to NATS, which reconnects by itself
+                log.event("cluster_read_failed", f"reading the cluster log failed: {e}", level="warning")
+                await asyncio.sleep(1.0)
+            await self._drain()
+            if self._fault is not None:
+                log.event(
+                    "cluster_resume",
+                    f"an entry failed on this host ({self._fault}); running the log again from {self.applied + 1} "
+                    "once the partitions serve",
+                    level="warning",
+                )
+                while not self.front.supervisor.serving:
+                    await asyncio.sleep(0.1)
+                self._fault = None
+                self.read = self.applied
+
+    async def _apply(self, entry: Entry) -> None:
+        if entry.seq <= self.read:  # the ordered consumer restarted behind us
+            return
+        self.read = entry.seq
+        sequencer = self.front.sequencer
+        sequencer.last_ts = max(sequencer.last_ts, entry.seq << TS_SHIFT)
+        if entry.kind == "push":
+            outcome = self._push(pb.PushRequest.FromString(entry.body))
+        elif entry.kind in ("call", "deploy"):
+            await self._drain()  # every entry before it has its outcome: it runs alone, at the same point everywhere
+            request = (pb.CallRequest if entry.kind == "call" else pb.DeployRequest).FromString(entry.body)
+            outcome = asyncio.ensure_future(self.service.run_logged(entry.kind, request))
+            await asyncio.wait([outcome])
+        else:
+            outcome = asyncio.get_running_loop().create_future()
+            outcome.set_exception(FailedPrecondition(f"cluster log entry {entry.seq}: unknown kind {entry.kind!r}"))
+            log.event("cluster_entry_unknown", f"entry {entry.seq} of kind {entry.kind!r} skipped", level="error")
+        self._started.append((entry.seq, outcome))
+        outcome.add_done_callback(lambda _: self._settle())
+        answer = self._waiting.pop(entry.origin, None)
+        if answer is not None:
+            outcome.add_done_callback(lambda o: _forward(o, answer))
+        if len(self._started) > MAX_OUTSTANDING:
+            await asyncio.wait([self._started[0][1]])
+
+    def _push(self, request: pb.PushRequest) -> asyncio.Future:
+        try:
+            message = self.service.start_message(request)
+        except StreamTxError as e:
+            failed = asyncio.get_running_loop().create_future()
+            failed.set_exception(e)
+            return failed
+        return asyncio.ensure_future(_acks(message))
+
+    def _settle(self) -> None:
+        """Moves `applied` over the entries answered without a fault; a fault stops it there."""
+        started = self._started
+        while started and started[0][1].done() and self._fault is None:
+            seq, outcome = started[0]
+            error = None if outcome.cancelled() else outcome.exception()
+            if isinstance(error, FAULTS) or outcome.cancelled():
+                self._fault = error or Unavailable("cancelled")
+                return
+            started.popleft()
+            self.applied = seq
+
+    async def _drain(self) -> None:
+        """Waits until every entry started has its outcome (or one failed)."""
+        pending = [o for _, o in self._started if not o.done()]
+        if pending:
+            await asyncio.wait(pending)
+        if self._fault is not None:
+            self._started.clear()
+
+    # ---------------------------------------------------------------- position
+    def _load_position(self) -> int:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return 0
+        if data.get("log") != self.log.stream_name:
+            raise FailedPrecondition(
+                f"--cluster: data directory {self.path.parent} applied the cluster log {data.get('log')!r}, not "
+                f"{self.log.stream_name!r}; a host stays with one log (use another --data-dir)"
+            )
+        return int(data["applied"])
+
+    def save(self) -> None:
+        """Writes `applied` (durably: a crash leaves the old or the new one)."""
+        if self.applied == self._saved:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"log": self.log.stream_name, "host": self.host, "applied": self.applied}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._saved = self.applied
+
+    async def keep_position(self, address: str) -> None:
+        """Saves the position and tells the cluster (`streamtx cluster status`) where this host is."""
+        announced = 0.0
+        while True:
+            await asyncio.sleep(SAVE_EVERY)
+            await asyncio.to_thread(self.save)
+            if time.monotonic() - announced >= 1.0:
+                announced = time.monotonic()
+                try:
+                    await self.log.announce(self.host, self.record(address))
+                except Exception as e:  # NATS away: the log reader says so too
+                    log.event("cluster_announce_failed", f"cannot announce host {self.host}: {e}", level="warning")
+
+    def record(self, address: str) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "address": address,
+            "machine": socket.gethostname(),
+            "applied": self.applied,
+            "partitions": len(self.front.partitions),
+            "serving": self.front.supervisor.serving,
+            "started": self.started_at,
+            "time": time.time(),
+        }
+
+
+async def _acks(message: Any) -> list[pb.PushAck]:
+    """Every ack of a push message, in order, as its runs come (service.py `_Message`)."""
+    return [ack async for run in message.runs() for ack in run]
+
+
+def _forward(outcome: asyncio.Future, answer: asyncio.Future) -> None:
+    if answer.done():
+        return
+    if outcome.cancelled():
+        answer.set_exception(Unavailable("the entry was cancelled on this host"))
+    elif outcome.exception() is not None:
+        answer.set_exception(outcome.exception())
+    else:
+        answer.set_result(outcome.result())

@@ -1,0 +1,201 @@
+"""Cluster mode: real NATS servers (JetStream), real streamtx hosts, SIGKILLed hosts and NATS nodes.
+
+Every host runs every entry of the input log in log order; the checks are
+that every host ends with the same tables, equal to a plain count of the
+batches acknowledged (each exactly once), whatever was killed meanwhile.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from support.processes import Launched
+
+from streamtx import errors
+from streamtx.client import Client
+from streamtx.server.cluster.natsd import NatsCluster
+from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.wire import encode_rowdata
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = """
+CREATE TABLE seen (k BIGINT PRIMARY KEY, v BIGINT) PARTITION BY (k);
+CREATE TABLE totals (g BIGINT PRIMARY KEY, n BIGINT, v BIGINT);
+CREATE STREAM s (k BIGINT, v BIGINT) PARTITION BY (k);
+CREATE STREAM s2 (g BIGINT, v BIGINT);
+CREATE PROCEDURE p1 ON STREAM s AS BEGIN
+  INSERT INTO seen SELECT k, v FROM s ON CONFLICT (k) DO UPDATE SET v = excluded.v;
+  INSERT INTO s2 SELECT k % 7, v FROM s;
+END;
+CREATE PROCEDURE p2 ON STREAM s2 AS BEGIN
+  INSERT INTO totals SELECT g, count(*), sum(v) FROM s2 GROUP BY g
+    ON CONFLICT (g) DO UPDATE SET n = totals.n + excluded.n, v = totals.v + excluded.v;
+END;
+CREATE PROCEDURE add_to(g BIGINT, amount BIGINT) AS BEGIN
+  INSERT INTO totals SELECT $g, 0, $amount ON CONFLICT (g) DO UPDATE SET v = totals.v + excluded.v;
+END;
+"""
+
+
+def start_host(root: Path, name: str, nats: NatsCluster, replicas: int = 1) -> Launched:
+    extra = ["--cluster", ",".join(nats.urls), "--host-id", name, "--log-replicas", str(replicas)]
+    return Launched(root / name, 2, extra)
+
+
+def batch(k: int) -> dict[str, list[int]]:
+    return {"k": [k], "v": [k % 5]}
+
+
+def expected(ks: set[int], added: dict[int, int] | None = None) -> list[tuple[int, int, int]]:
+    """The totals a plain count gives: per g = k % 7, the batches and the sum of their v."""
+    out: dict[int, list[int]] = {}
+    for k in ks:
+        row = out.setdefault(k % 7, [0, 0])
+        row[0] += 1
+        row[1] += k % 5
+    for g, amount in (added or {}).items():
+        out.setdefault(g, [0, 0])[1] += amount
+    return sorted((g, n, v) for g, (n, v) in out.items())
+
+
+def tables(target: str) -> tuple[list[tuple], list[tuple]]:
+    with Client(target) as c:
+        totals = c.query("SELECT g, n::BIGINT, v::BIGINT FROM totals ORDER BY g").fetchall()
+        seen = c.query("SELECT k, v FROM seen ORDER BY k").fetchall()
+    return totals, seen
+
+
+def wait_for(hosts: list[Launched], want: list[tuple], timeout: float = 60.0) -> None:
+    """Until every host's totals are `want` (a host applies the log at its own pace)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = [tables(h.target)[0] for h in hosts]
+        if all(g == want for g in got):
+            return
+        assert time.monotonic() < deadline, f"hosts did not converge: want {want}, got {got}"
+        time.sleep(0.2)
+
+
+def cluster_status(nats: NatsCluster) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "streamtx", "cluster", "status", "--cluster", ",".join(nats.urls), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_path: Path) -> None:
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats), start_host(tmp_path, "b", nats)
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)  # through the log: b gets the catalog too
+                futures = [c.push("s", batch(k), batch_id=k) for k in range(1, 301)]
+                assert {f.result().outcome for f in futures[:100]} == {"committed"}
+                b.proc.kill()  # SIGKILL, mid-stream
+                b.proc.wait()
+                assert {f.result().outcome for f in futures} == {"committed"}
+                futures = [c.push("s", batch(k), batch_id=k) for k in range(301, 401)]
+                assert {f.result().outcome for f in futures} == {"committed"}
+            b = start_host(tmp_path, "b", nats)  # same data directory: recovers, then reads the log on
+            acked = set(range(1, 401))
+            wait_for([a, b], expected(acked))
+            assert tables(a.target) == tables(b.target)
+
+            with Client(b.target, producer_id="p") as c:
+                # a re-sent batch is DUPLICATE on any host; the producer goes on where it was, on another host
+                again = c.push_one("s", batch(5), batch_id=5)
+                assert (again.outcome, again.original) == ("duplicate", "committed")
+                futures = [c.push("s", batch(k), batch_id=k) for k in range(401, 451)]
+                assert {f.result().outcome for f in futures} == {"committed"}
+                c.call("add_to", g=3, amount=1000)  # a call goes through the log as well
+                # a batch ahead of its producer's order is refused at once, the same way on every host
+                early = c.push_one("s", batch(999), batch_id=460)
+                assert (early.outcome, early.code) == ("rejected", errors.FailedPrecondition.code)
+                with pytest.raises(errors.FailedPrecondition, match="cluster mode"):
+                    list(c.rebalance(even=True))
+            # a staged (two-phase, Spark's) batch commits through the log as one push; re-committed: DUPLICATE
+            rows = encode_rowdata(pa.table({"k": [451], "v": [451 % 5]}))
+            a.stub.Stage(pb.StageRequest(stream="s", staging_id="st", part="p0", chunk=0, data=rows))
+            commit = pb.CommitStagedRequest(
+                stream="s",
+                staging_id="st",
+                producer_id="p",
+                batch_id=451,
+                parts=[pb.StagedPart(part="p0", chunks=1, rows=1)],
+            )
+            assert a.stub.CommitStaged(commit).outcome == pb.COMMITTED
+            assert a.stub.CommitStaged(commit).outcome == pb.DUPLICATE
+            acked |= set(range(401, 452))
+            wait_for([a, b], expected(acked, {3: 1000}))
+            assert tables(a.target) == tables(b.target)
+            assert [k for k, _ in tables(a.target)[1]] == sorted(acked)
+
+            status = cluster_status(nats)
+            assert [h["host"] for h in status["hosts"]] == ["a", "b"]
+            assert status["log"]["entries"] == status["log"]["last"] > 4  # pushes go packed: fewer entries than batches
+            deadline = time.monotonic() + 10
+            while any(h["lag"] for h in status["hosts"]) and time.monotonic() < deadline:
+                time.sleep(0.5)
+                status = cluster_status(nats)
+            assert [(h["lag"], h["applied"]) for h in status["hosts"]] == [(0, status["log"]["last"])] * 2
+        finally:
+            a.close()
+            b.close()
+
+
+def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_path: Path) -> None:
+    """Three NATS nodes keep the log (R3); a producer fails over from the host it used when that host dies."""
+    rng = random.Random(7)
+    with NatsCluster(tmp_path / "nats", 3) as nats:
+        a, b = start_host(tmp_path, "a", nats, 3), start_host(tmp_path, "b", nats, 3)
+        acked: set[int] = set()
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                futures = {k: c.push("s", batch(k), batch_id=k) for k in range(1, 201)}
+                time.sleep(rng.uniform(0.05, 0.5))
+                a.proc.kill()
+                a.proc.wait()
+                for k, f in futures.items():
+                    try:
+                        if f.result(timeout=30).outcome == "committed":
+                            acked.add(k)
+                    except errors.StreamTxError:
+                        pass
+            unacked = sorted(set(range(1, 201)) - acked)
+            with Client(b.target, producer_id="p") as c:  # the producer fails over, same ids
+                for k in unacked:
+                    result = c.push_one("s", batch(k), batch_id=k)
+                    assert result.outcome in ("committed", "duplicate"), result
+                acked |= set(unacked)
+                futures = {k: c.push("s", batch(k), batch_id=k) for k in range(201, 301)}
+                time.sleep(rng.uniform(0.05, 0.3))
+                nats.kill(rng.randrange(3))  # the log keeps a majority: appends go on after an election
+                for k, f in futures.items():
+                    result = f.result(timeout=60) if k < 300 else None
+                    if result is None:
+                        break
+                    assert result.outcome == "committed", result
+                    acked.add(k)
+                retried = c.push_one("s", batch(300), batch_id=300)
+                assert retried.outcome in ("committed", "duplicate")
+                acked.add(300)
+            a = start_host(tmp_path, "a", nats, 3)  # the killed host comes back and catches up
+            wait_for([a, b], expected(acked), timeout=90)
+            assert tables(a.target) == tables(b.target)
+            assert len(tables(b.target)[1]) == 300
+        finally:
+            a.close()
+            b.close()
