@@ -37,6 +37,7 @@ VERBS: dict[str, str] = {
     "overload": "streamtx.bench.overload",
     "migration": "streamtx.bench.migration",
     "skew": "streamtx.bench.skew",
+    "cluster": "streamtx.bench.cluster",
 }
 
 

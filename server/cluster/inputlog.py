@@ -189,6 +189,10 @@ class InputLog:
             out[key] = json.loads(entry.value)
         return out
 
+    async def delete(self) -> None:
+        """Removes the log and every entry in it (a benchmark's scratch log; never a cluster's own)."""
+        await self._js.delete_stream(self.stream_name)
+
     async def close(self) -> None:
         if self._nc is not None:
             try:

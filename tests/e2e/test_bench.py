@@ -265,3 +265,19 @@ def test_bench_skew_small_run_rebalances_the_hot_bins_and_checks_every_count(tmp
     ratios = [line for line in lines if "ratio" in line]
     assert [(r["target"], RATIO_KEYS <= r.keys()) for r in ratios] == [(0.9, True), (1.0, True)]
     assert png.stat().st_size > 0
+
+
+def test_bench_cluster_small_run_checks_every_host_against_the_reference(tmp_path, capsys):
+    png = tmp_path / "cluster.png"
+    args = ["cluster", "--quick", "--quiet", "--rounds", "1", "--batches", "100", "--appends", "200"]
+    assert main([*args, "--plot", str(png)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    runs = {line["setup"]: line for line in lines if "votes_per_s" in line}
+    assert list(runs) == ["standalone", "R1", "R3", "R3, 2 hosts"]
+    assert all(r["matches_reference"] and r["votes_per_s"] > 0 for r in runs.values())
+    assert len(runs["R3, 2 hosts"]["second_host_behind_s"]) == 1
+    appends = [(a["log_replicas"], a["entry_bytes"]) for a in lines if a.get("setup") == "log appends"]
+    assert appends == [(1, 64), (1, 6400), (3, 64), (3, 6400)]
+    ratios = [line for line in lines if "ratio" in line]
+    assert [(r["target"], RATIO_KEYS <= r.keys()) for r in ratios] == [(0.8, True), (0.8, True)]
+    assert png.stat().st_size > 0
