@@ -229,14 +229,20 @@ class AsyncClient:
         tls_cert: str | bytes | Path | None = None,
         tls_key: str | bytes | Path | None = None,
     ) -> None:
-        """`token`: sent as `authorization: Bearer <token>`. `tls_ca` (PEM bytes or a path): connect over
-        TLS, trusting the server certificate it signed; `tls_cert`/`tls_key`: the client's certificate for
-        a server that asks for one (mutual TLS). Neither: plaintext."""
+        """`target`: HOST:PORT, or several comma-separated (the hosts of a cluster, docs/cluster.md): the
+        client uses the first and, when a connection fails (UNAVAILABLE), moves to the next and re-sends
+        every unacknowledged batch there with its batch id, so each is taken once (committed, or DUPLICATE
+        with the original outcome). `token`: sent as `authorization: Bearer <token>`. `tls_ca` (PEM bytes or
+        a path): connect over TLS, trusting the server certificate it signed; `tls_cert`/`tls_key`: the
+        client's certificate for a server that asks for one (mutual TLS). Neither: plaintext."""
         if max_in_flight < 1:
             raise ValueError("max_in_flight must be >= 1")
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        self.target = target
+        self.targets = [t.strip() for t in target.split(",") if t.strip()]
+        if not self.targets:
+            raise ValueError(f"target {target!r}: no HOST:PORT given")
+        self.target = self.targets[0]
         self.producer_id = producer_id or str(uuid.uuid4())
         self.max_in_flight = max_in_flight
         self.arrow = arrow
@@ -304,6 +310,21 @@ class AsyncClient:
             self._stub = pb_grpc.StreamTxStub(self._channel)
         return self._stub
 
+    def _fail_over(self) -> bool:
+        """After a broken connection: the next of several targets, on a new channel (one target: kept).
+
+        True when every target has had its turn since the first (so a retry counts, and waits its
+        backoff): a dead host among live ones costs a switch, not the retries.
+        """
+        if len(self.targets) < 2 or self._closed:
+            return True
+        at = (self.targets.index(self.target) + 1) % len(self.targets)
+        self.target = self.targets[at]
+        old, self._channel, self._stub = self._channel, None, None
+        if old is not None:
+            asyncio.get_running_loop().create_task(old.close())
+        return at == 0
+
     # -- unary calls -----------------------------------------------------------
 
     async def _unary(self, name: str, request: Message, *, retry: bool) -> Any:
@@ -312,16 +333,17 @@ class AsyncClient:
         An `Overloaded` refusal (nothing was taken) is tried again after the
         server's hint for as long as `timeout` allows, without counting as a retry.
         """
-        stub = self._ensure_stub()
-        fn = getattr(stub, name)
         attempt = 0
         loop = asyncio.get_running_loop()
         give_up = None if self.timeout is None else loop.time() + self.timeout
         while True:
+            fn = getattr(self._ensure_stub(), name)
             try:
                 return await fn(request, metadata=self._metadata, timeout=self.timeout)
             except grpc.aio.AioRpcError as e:
                 if retry and e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    if not self._fail_over():
+                        continue
                     await asyncio.sleep(_backoff(attempt))
                     attempt += 1
                     continue
@@ -416,11 +438,10 @@ class AsyncClient:
         broken connection (UNAVAILABLE) is resumed after the last delivered
         ts, up to `retries` times in a row.
         """
-        stub = self._ensure_stub()
         next_ts = from_ts
         attempt = 0
         while True:
-            call = stub.Subscribe(
+            call = self._ensure_stub().Subscribe(
                 pb.SubscribeRequest(stream=stream, from_ts=next_ts),
                 metadata=self._metadata,
             )
@@ -432,6 +453,8 @@ class AsyncClient:
                 return
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.UNAVAILABLE and attempt < self.retries:
+                    if not self._fail_over():
+                        continue
                     await asyncio.sleep(_backoff(attempt))
                     attempt += 1
                     continue
@@ -613,6 +636,8 @@ class AsyncClient:
             if self._closed or not transport or failures >= self.retries:
                 self._fail_all(exc)
                 return
+            if not self._fail_over():
+                continue
             await asyncio.sleep(_backoff(failures))
             failures += 1
 

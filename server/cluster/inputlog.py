@@ -16,17 +16,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import nats
+from nats.errors import OutboundBufferLimitError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
 from streamtx.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from streamtx.server import log
 
 KINDS = ("push", "call", "deploy")
+RECONNECT_WAIT = 30.0
+"""Seconds an append waits for the log to be writable again (NATS reconnected, a leader elected) before its
+request is UNAVAILABLE."""
+ACK_TIMEOUT = 5.0
+"""Seconds JetStream has to acknowledge an append; past that the append counts as failed."""
 HEADROOM = 512
 """Bytes an entry's headers and subject may take beside its body."""
 KIND, ORIGIN = "Streamtx-Kind", "Streamtx-Origin"
@@ -53,6 +60,11 @@ class InputLog:
         self._nc: Any = None
         self._js: Any = None
         self._hosts: Any = None
+        self.on_disconnect: list[Callable[[], None]] = []
+        """Called when the connection to NATS breaks: appends not yet acknowledged may be lost."""
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._probing: asyncio.Task | None = None
 
     async def open(self, timeout: float = 30.0, create: bool = True) -> None:
         """Connects and makes sure the log exists (creating it with `replicas` copies if not and `create`)."""
@@ -64,6 +76,9 @@ class InputLog:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=0.5,
                     allow_reconnect=True,
+                    error_cb=self._error,
+                    disconnected_cb=self._disconnected,
+                    reconnected_cb=self._reconnected,
                 ),
                 timeout,
             )
@@ -91,6 +106,19 @@ class InputLog:
                         f"cluster log {self.stream_name}: JetStream did not take it within {timeout:g} s: {e}"
                     ) from None
                 await asyncio.sleep(0.5)
+
+    async def _error(self, e: Exception) -> None:
+        log.event("cluster_nats_error", f"NATS: {type(e).__name__}: {e}", level="warning")
+
+    async def _disconnected(self) -> None:
+        log.event("cluster_nats_disconnected", "disconnected from NATS; reconnecting", level="warning")
+        self._suspect()
+        for callback in self.on_disconnect:
+            callback()
+
+    async def _reconnected(self) -> None:
+        url = self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?"
+        log.event("cluster_nats_reconnected", f"reconnected to NATS at {url}")
 
     async def _ensure(self, config: api.StreamConfig, create: bool) -> None:
         try:
@@ -129,12 +157,56 @@ class InputLog:
                 f"servers take messages of {limit:,} bytes at most (their max_payload); push smaller batches, or "
                 "raise max_payload in the NATS configuration (up to 64 MB)"
             )
-        try:
-            return await self._js.publish_async(
-                self.subject, body, wait_stall=5.0, headers={KIND: kind, ORIGIN: origin}
-            )
-        except Exception as e:
-            raise Unavailable(f"cluster log {self.stream_name}: cannot append: {type(e).__name__}: {e}") from None
+        deadline = time.monotonic() + RECONNECT_WAIT
+        if not self._writable.is_set():
+            try:
+                await asyncio.wait_for(self._writable.wait(), RECONNECT_WAIT)
+            except TimeoutError:
+                raise Unavailable(
+                    f"cluster log {self.stream_name}: not writable for {RECONNECT_WAIT:g} s (no NATS server "
+                    "reachable, or no leader elected for the log)"
+                ) from None
+        while True:
+            try:
+                acked = await self._js.publish_async(
+                    self.subject, body, wait_stall=5.0, headers={KIND: kind, ORIGIN: origin}
+                )
+            except OutboundBufferLimitError:  # reconnecting, its buffer full: nothing was sent, so wait and resend
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                    continue
+                raise Unavailable(
+                    f"cluster log {self.stream_name}: no NATS server reachable for {RECONNECT_WAIT:g} s"
+                ) from None
+            except Exception as e:
+                raise Unavailable(f"cluster log {self.stream_name}: cannot append: {type(e).__name__}: {e}") from None
+            timer = asyncio.get_running_loop().call_later(ACK_TIMEOUT, _expire, acked)
+            acked.add_done_callback(lambda f, timer=timer: timer.cancel() or self._check(f))
+            return acked
+
+    def _check(self, acked: asyncio.Future) -> None:
+        """A refused or unanswered append: the log may have lost its leader; new appends wait for a new one."""
+        if acked.cancelled() or acked.exception() is not None:
+            self._suspect()
+
+    def _suspect(self) -> None:
+        if not self._writable.is_set():
+            return
+        self._writable.clear()
+        log.event("cluster_log_unwritable", f"cluster log {self.stream_name}: appends fail; waiting", level="warning")
+        self._probing = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self) -> None:
+        """Until the log's leader answers again (a stream's info comes from its leader)."""
+        quick = self._nc.jetstream(timeout=1.0)
+        while True:
+            try:
+                await quick.stream_info(self.stream_name)
+                break
+            except Exception:
+                await asyncio.sleep(0.2)
+        log.event("cluster_log_writable", f"cluster log {self.stream_name}: writable again")
+        self._writable.set()
 
     async def entries(self, start: int) -> AsyncIterator[Entry]:
         """Every entry from position `start`, in log order, waiting for new ones as they come."""
@@ -199,3 +271,8 @@ class InputLog:
                 await self._nc.drain()
             except Exception:
                 await self._nc.close()
+
+
+def _expire(acked: asyncio.Future) -> None:
+    if not acked.done():
+        acked.set_exception(TimeoutError(f"no acknowledgement within {ACK_TIMEOUT:g} s"))

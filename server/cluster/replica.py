@@ -60,6 +60,7 @@ class Replica:
         self._started: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._fault: BaseException | None = None
         self._saved = self.applied
+        inputlog.on_disconnect.append(self._appends_lost)
 
     # ------------------------------------------------------------ requests
     async def submit(self, kind: str, request: Any) -> asyncio.Future:
@@ -85,6 +86,25 @@ class Replica:
         answer = self._waiting.pop(origin, None)
         if answer is not None and not answer.done():
             answer.set_exception(Unavailable(f"cluster log {self.log.stream_name}: the append failed: {error}"))
+
+    def _appends_lost(self) -> None:
+        """The connection broke: appends written to it may never reach the log, while later ones will.
+
+        Every request still waiting is answered UNAVAILABLE now, so that no
+        client hears of a later batch of its own first: one that lands behind
+        a lost one is refused there as early (its id left free), and the
+        client, told UNAVAILABLE, re-sends both in order (a batch that did land
+        is DUPLICATE then).
+        """
+        waiting, self._waiting = self._waiting, {}
+        for answer in waiting.values():
+            if not answer.done():
+                answer.set_exception(
+                    Unavailable(
+                        f"cluster log {self.log.stream_name}: the connection to NATS broke before the log took "
+                        "this; re-send with the same batch ids"
+                    )
+                )
 
     def _give_up(self, origin: str) -> None:
         answer = self._waiting.pop(origin, None)

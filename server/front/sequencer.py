@@ -68,12 +68,16 @@ class Sequencer:
                 self.dispatched[key] = batch_id
                 self._release(key)
             return fut
-        if not self.parks:
-            raise FailedPrecondition(
-                f"batch {batch_id} of producer {key[0]!r} on stream {key[1]!r} reached the cluster's log before "
-                f"batch {last + 1}; in cluster mode a producer's batches must reach the log in batch-id order "
-                "(one PushStream, or one unary Push at a time)"
+        if not self.parks:  # rejected now, its id left free: the same answer on every host
+            early: asyncio.Future = loop.create_future()
+            early.set_exception(
+                FailedPrecondition(
+                    f"batch {batch_id} of producer {key[0]!r} on stream {key[1]!r} reached the cluster's log before "
+                    f"batch {last + 1}; in cluster mode a producer's batches must reach the log in batch-id order "
+                    "(one PushStream, or one unary Push at a time)"
+                )
             )
+            return early
         parked = self._parked.setdefault(key, {})
         if batch_id in parked:
             # the same early batch twice: wait for the first copy's outcome

@@ -201,6 +201,31 @@ def test_broken_connection_resends_with_same_ids(deployed: EmbeddedServer) -> No
     assert n == 1000  # re-sent batches were not applied twice
 
 
+def test_a_client_given_several_targets_moves_to_the_next_and_resends_there(deployed: EmbeddedServer) -> None:
+    """The first target goes away mid-stream for good; the batches it had not acknowledged go to the second."""
+    proxy = Proxy(deployed.target)
+
+    async def go() -> tuple[list[PushResult], int, str]:
+        async with AsyncClient(f"{proxy.target},{deployed.target}", max_in_flight=32) as c:
+            futures = []
+            for i in range(200):
+                futures.append(await c.push("events", rows(5, offset=i)))
+                if i == 60:
+                    proxy.cut()
+                    await asyncio.sleep(0.3)  # the cut connections closed
+                    proxy.close()  # and no longer listening: only the second target answers
+            results = await asyncio.gather(*futures)
+            return results, await total(c), c.target
+
+    results, n, target = arun(go())
+    assert target == deployed.target
+    assert [r.batch_id for r in results] == list(range(1, 201))
+    assert all(r.outcome == "committed" or r.original == "committed" for r in results)
+    assert n == 1000  # nothing taken twice
+    with pytest.raises(ValueError, match="no HOST:PORT"):
+        AsyncClient(" , ")
+
+
 # -- sync client: deploy, query, call, subscribe, status -------------------------------------
 
 

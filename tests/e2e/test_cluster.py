@@ -11,6 +11,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -156,46 +157,35 @@ def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_p
 
 
 def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_path: Path) -> None:
-    """Three NATS nodes keep the log (R3); a producer fails over from the host it used when that host dies."""
+    """Three NATS nodes keep the log (R3); the producer's client names both hosts and fails over by itself."""
     rng = random.Random(7)
     with NatsCluster(tmp_path / "nats", 3) as nats:
         a, b = start_host(tmp_path, "a", nats, 3), start_host(tmp_path, "b", nats, 3)
-        acked: set[int] = set()
         try:
-            with Client(a.target, producer_id="p") as c:
+            with Client(f"{a.target},{b.target}", producer_id="p") as c:
                 c.deploy(SCRIPT)
-                futures = {k: c.push("s", batch(k), batch_id=k) for k in range(1, 201)}
-                time.sleep(rng.uniform(0.05, 0.5))
-                a.proc.kill()
+                futures: list = []
+                producer = threading.Thread(
+                    target=lambda: futures.extend(c.push("s", batch(k), batch_id=k) for k in range(1, 2401))
+                )
+                producer.start()
+                time.sleep(rng.uniform(0.3, 0.8))
+                unanswered = sum(not f.done() for f in list(futures))
+                a.proc.kill()  # the client re-sends what a had not acknowledged to b, same ids
                 a.proc.wait()
-                for k, f in futures.items():
-                    try:
-                        if f.result(timeout=30).outcome == "committed":
-                            acked.add(k)
-                    except errors.StreamTxError:
-                        pass
-            unacked = sorted(set(range(1, 201)) - acked)
-            with Client(b.target, producer_id="p") as c:  # the producer fails over, same ids
-                for k in unacked:
-                    result = c.push_one("s", batch(k), batch_id=k)
-                    assert result.outcome in ("committed", "duplicate"), result
-                acked |= set(unacked)
-                futures = {k: c.push("s", batch(k), batch_id=k) for k in range(201, 301)}
-                time.sleep(rng.uniform(0.05, 0.3))
+                time.sleep(rng.uniform(0.3, 0.8))
                 nats.kill(rng.randrange(3))  # the log keeps a majority: appends go on after an election
-                for k, f in futures.items():
-                    result = f.result(timeout=60) if k < 300 else None
-                    if result is None:
-                        break
-                    assert result.outcome == "committed", result
-                    acked.add(k)
-                retried = c.push_one("s", batch(300), batch_id=300)
-                assert retried.outcome in ("committed", "duplicate")
-                acked.add(300)
+                producer.join(timeout=120)
+                outcomes = [f.result(timeout=90) for f in futures]
+                assert c.target == b.target
+            assert unanswered > 0  # the kill came while batches were in flight
+            assert [r.batch_id for r in outcomes] == list(range(1, 2401))
+            assert {r.outcome for r in outcomes} <= {"committed", "duplicate"}
+            assert all(r.original in (None, "committed") for r in outcomes)
             a = start_host(tmp_path, "a", nats, 3)  # the killed host comes back and catches up
-            wait_for([a, b], expected(acked), timeout=90)
+            wait_for([a, b], expected(set(range(1, 2401))), timeout=90)
             assert tables(a.target) == tables(b.target)
-            assert len(tables(b.target)[1]) == 300
+            assert len(tables(b.target)[1]) == 2400
         finally:
             a.close()
             b.close()
