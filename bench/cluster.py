@@ -250,6 +250,6 @@ def plot(records: list[dict[str, Any]], path: str | Path) -> Path:
         path,
         [r["setup"] for r in runs],
         {"votes/s": [r["votes_per_s"] for r in runs]},
-        title="voter, 1-vote batches: standalone vs cluster mode (one 2-core machine)",
+        title="voter, 1-vote batches: standalone vs cluster mode, one machine",
         ylabel="votes/s",
     )
