@@ -10,8 +10,8 @@ copy, and a re-sent commit is answered DUPLICATE with the original outcome.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pyarrow as pa
@@ -24,8 +24,6 @@ from streamtx.wire import encode_rowdata, ipc_to_table
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
-
-T = TypeVar("T")
 
 
 class Conn:
@@ -42,22 +40,37 @@ class Conn:
         tls_cert: bytes | None = None,
         tls_key: bytes | None = None,
     ) -> None:
-        """`token` goes as `authorization: Bearer`; `tls_ca` (PEM) makes it TLS, `tls_cert`/`tls_key` mutual TLS."""
-        self.target = target
+        """`target`: HOST:PORT, or several comma-separated (a cluster's hosts): a call that fails on the
+        transport moves to the next. `token` goes as `authorization: Bearer`; `tls_ca` (PEM) makes it TLS,
+        `tls_cert`/`tls_key` mutual TLS."""
+        self.targets = [t.strip() for t in target.split(",") if t.strip()] or [target]
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+        self._open(self.targets[0])
+        self.retries = 0
+
+    def _open(self, target: str) -> None:
+        self.target = target
         options = [
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ]
-        credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-        if credentials is None:
+        if self._credentials is None:
             self.channel = grpc.insecure_channel(target, options=options)
         else:
-            self.channel = grpc.secure_channel(target, credentials, options=options)
+            self.channel = grpc.secure_channel(target, self._credentials, options=options)
         self.stub = pb_grpc.StreamTxStub(self.channel)
-        self.retries = 0
+
+    def _fail_over(self) -> bool:
+        """The next target on a new channel; True when every target has had its turn (time to back off)."""
+        if len(self.targets) < 2:
+            return True
+        at = (self.targets.index(self.target) + 1) % len(self.targets)
+        self.channel.close()
+        self._open(self.targets[at])
+        return at == 0
 
     def close(self) -> None:
         self.channel.close()
@@ -68,19 +81,21 @@ class Conn:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def call(self, method: Callable[..., T], request: Any, what: str) -> T:
-        """`method(request)`, re-sent on transport errors until `retry_for_s` has passed."""
+    def call(self, method: str, request: Any, what: str) -> Any:
+        """The RPC `method` with `request`, re-sent on transport errors (to the next target, if several) until
+        `retry_for_s` has passed."""
         deadline = time.monotonic() + self.retry_for_s
         delay = 0.05
         while True:
             try:
-                return method(request, timeout=self.timeout_s, metadata=self.metadata)
+                return getattr(self.stub, method)(request, timeout=self.timeout_s, metadata=self.metadata)
             except grpc.RpcError as e:
                 code = e.code()
                 if code in RETRYABLE and time.monotonic() < deadline:
                     self.retries += 1
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
+                    if self._fail_over():
+                        time.sleep(delay)
+                        delay = min(delay * 2, 1.0)
                     continue
                 if code in RETRYABLE:
                     raise Unavailable(f"{what}: streamtx server at {self.target} unreachable: {e.details()}") from None
@@ -89,7 +104,7 @@ class Conn:
     # ------------------------------------------------------------------ calls
     def describe(self, stream: str, complete_through: bool = False) -> pb.DescribeStreamResponse:
         request = pb.DescribeStreamRequest(stream=stream, with_complete_through=complete_through)
-        return self.call(self.stub.DescribeStream, request, f"stream {stream!r}")
+        return self.call("DescribeStream", request, f"stream {stream!r}")
 
     def stage_future(self, stream: str, staging_id: str, part: str, chunk: int, table: pa.Table) -> Any:
         """Starts a Stage call; `finish_stage` waits for it (so chunks are pipelined)."""
@@ -105,7 +120,7 @@ class Conn:
         except grpc.RpcError as e:
             if e.code() not in RETRYABLE:
                 raise error_for(e.code(), f"stage to {request.stream!r}: {e.details()}") from None
-        return self.call(self.stub.Stage, request, f"stage to {request.stream!r}")
+        return self.call("Stage", request, f"stage to {request.stream!r}")
 
     def commit(
         self, stream: str, staging_id: str, producer: str, batch_id: int, parts: list[tuple[str, int, int]]
@@ -117,18 +132,18 @@ class Conn:
             batch_id=batch_id,
             parts=[pb.StagedPart(part=p, chunks=c, rows=r) for p, c, r in parts],
         )
-        return self.call(self.stub.CommitStaged, request, f"commit of {stream!r} batch {batch_id}")
+        return self.call("CommitStaged", request, f"commit of {stream!r} batch {batch_id}")
 
     def abort(self, stream: str, staging_id: str) -> int:
         request = pb.AbortStagedRequest(stream=stream, staging_id=staging_id)
-        return self.call(self.stub.AbortStaged, request, f"abort of {stream!r} ({staging_id})").parts
+        return self.call("AbortStaged", request, f"abort of {stream!r} ({staging_id})").parts
 
     def read(self, stream: str, from_ts: int, to_ts: int) -> Iterator[tuple[int, pa.Table]]:
         """Every batch of `stream` with a timestamp in [from_ts, to_ts), in order, as (ts, rows)."""
         nxt = from_ts
         while to_ts <= 0 or nxt < to_ts:
             request = pb.ReadStreamRequest(stream=stream, from_ts=nxt, to_ts=to_ts, max_batches=64)
-            reply = self.call(self.stub.ReadStream, request, f"read of {stream!r}")
+            reply = self.call("ReadStream", request, f"read of {stream!r}")
             for b in reply.batches:
                 yield b.ts, ipc_to_table(b.data.arrow_ipc, f"read of {stream!r}")
                 nxt = b.ts + 1

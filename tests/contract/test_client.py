@@ -226,6 +226,17 @@ def test_a_client_given_several_targets_moves_to_the_next_and_resends_there(depl
         AsyncClient(" , ")
 
 
+def test_the_spark_connection_given_several_targets_moves_to_the_next(deployed: EmbeddedServer) -> None:
+    from streamtx.client.spark.rpc import Conn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{s.getsockname()[1]}"  # nothing listens once closed
+    with Conn(f"{dead},{deployed.target}", retry_for_s=10) as conn:
+        assert conn.describe("events").border
+        assert conn.target == deployed.target and conn.retries >= 1
+
+
 # -- sync client: deploy, query, call, subscribe, status -------------------------------------
 
 
