@@ -16,6 +16,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -343,6 +344,8 @@ class ServerConfig:
         if (self.cluster is None) != (self.host_id is None):
             given = f"--cluster {self.cluster}" if self.host_id is None else f"--host-id {self.host_id}"
             raise ValueError(f"{given}: cluster mode needs both --cluster and --host-id")
+        if self.host_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.host_id):
+            raise ValueError(f"--host-id {self.host_id!r}: must be 1-64 letters, digits, '-' or '_'")
         if self.cluster is not None and self.durability == "off":
             raise ValueError(
                 f"--cluster {self.cluster}: needs --durability strong or weak: a host that restarts recovers from its "

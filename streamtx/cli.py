@@ -207,7 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
         "every host that announced itself (the last entry it applied, how far behind the log it is, when it "
         "was last heard from).",
     )
-    p.add_argument("verb", choices=["status"], help="status: print the cluster's state")
+    p.add_argument(
+        "verb",
+        choices=["status", "verify"],
+        help="status: print the cluster's state; verify: append a `verify` entry to the log, at which every host "
+        "puts a digest of its tables, and compare them (exit 1 if hosts differ, 2 if a live host did not answer)",
+    )
+    p.add_argument("--wait", type=float, default=30.0, help="verify: seconds to wait for the hosts (default 30)")
     p.add_argument("--cluster", required=True, metavar="URLS", help="the NATS servers, as `serve --cluster`")
     p.add_argument("--cluster-log", default="main", metavar="NAME", help="the cluster's name (default: main)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
@@ -612,6 +618,11 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         inputlog = InputLog(args.cluster, args.cluster_log, 1)
         try:
             await inputlog.open(timeout=10.0, create=False)
+            if args.verb == "verify":
+                seq = (await (await inputlog.append("verify", b"", ""))).seq
+                reports = await inputlog.reports(seq, args.wait)
+                missing = sorted(await inputlog.live_hosts() - set(reports))
+                return {"position": seq, "hosts": reports, "missing": missing}
             return await inputlog.status()
         finally:
             await inputlog.close()
@@ -621,6 +632,8 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     except StreamTxError as e:
         print(f"streamtx cluster: {e.message}", file=sys.stderr)
         return 1
+    if args.verb == "verify":
+        return _cluster_verified(status, args.json)
     if args.json:
         print(json.dumps(status))
         return 0
@@ -650,6 +663,27 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         )
     console.print(hosts)
     return 0
+
+
+def _cluster_verified(result: dict, as_json: bool) -> int:
+    """Prints the hosts' digests at one log position; 0 all equal, 1 some differ, 2 none or some missing."""
+    from streamtx.server.cluster.digest import differences
+
+    reports, seq = result["hosts"], result["position"]
+    different = differences(reports)
+    if as_json:
+        print(json.dumps({**result, "differences": different}))
+    else:
+        for host, r in sorted(reports.items()):
+            tables = ", ".join(f"{t} {n:,}" for t, (n, _) in sorted(r["tables"].items()))
+            print(f"{host}: state {r['state']} at log position {seq} (rows: {tables or 'no tables'})")
+        for line in different:
+            print(f"DIFFERENT: {line}", file=sys.stderr)
+        for host in result["missing"]:
+            print(f"NO ANSWER: host {host} is live but put no digest at {seq}", file=sys.stderr)
+    if different:
+        return 1
+    return 2 if result["missing"] or not reports else 0
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

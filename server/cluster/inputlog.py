@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 from streamtx.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from streamtx.server import log
 
-KINDS = ("push", "call", "deploy")
+KINDS = ("push", "call", "deploy", "verify")
 RECONNECT_WAIT = 30.0
 """Seconds an append waits for the log to be writable again (NATS reconnected, a leader elected) before its
 request is UNAVAILABLE."""
@@ -38,7 +38,14 @@ HEADROOM = 512
 """Bytes an entry's headers and subject may take beside its body."""
 KIND, ORIGIN = "Streamtx-Kind", "Streamtx-Origin"
 HOSTS_BUCKET = "streamtx_hosts"
-"""A KV bucket where each host says how far it has applied the log (`streamtx cluster status`)."""
+"""A KV bucket where each host says how far it has applied the log (`streamtx cluster status`), key
+`<cluster>.<host>`."""
+CHECKS_BUCKET = "streamtx_checks"
+"""A KV bucket where each host puts its state's digest at a `verify` entry, key `<cluster>.<position>.<host>`;
+entries expire after CHECKS_KEPT_S."""
+CHECKS_KEPT_S = 24 * 3600.0
+LIVE_WITHIN_S = 10.0
+"""A host heard from within this many seconds is expected to put its digest at a `verify` entry."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,7 @@ class InputLog:
         self._nc: Any = None
         self._js: Any = None
         self._hosts: Any = None
+        self._checks: Any = None
         self.on_disconnect: list[Callable[[], None]] = []
         """Called when the connection to NATS breaks: appends not yet acknowledged may be lost."""
         self._writable = asyncio.Event()
@@ -137,12 +145,16 @@ class InputLog:
                     f"{info.config.num_replicas} replica(s); start every host with --log-replicas "
                     f"{info.config.num_replicas}"
                 )
+        self._hosts = await self._bucket(api.KeyValueConfig(bucket=HOSTS_BUCKET, history=1, replicas=self.replicas))
+        self._checks = await self._bucket(
+            api.KeyValueConfig(bucket=CHECKS_BUCKET, history=1, replicas=self.replicas, ttl=CHECKS_KEPT_S)
+        )
+
+    async def _bucket(self, config: api.KeyValueConfig) -> Any:
         try:
-            self._hosts = await self._js.key_value(HOSTS_BUCKET)
+            return await self._js.key_value(config.bucket)
         except Exception:
-            self._hosts = await self._js.create_key_value(
-                api.KeyValueConfig(bucket=HOSTS_BUCKET, history=1, replicas=self.replicas)
-            )
+            return await self._js.create_key_value(config)
 
     @property
     def stream_name(self) -> str:
@@ -247,19 +259,30 @@ class InputLog:
         }
 
     async def announce(self, host: str, record: dict[str, Any]) -> None:
-        await self._hosts.put(host, json.dumps(record).encode())
+        await self._hosts.put(f"{self.name}.{host}", json.dumps(record).encode())
 
     async def hosts(self) -> dict[str, dict[str, Any]]:
-        """What each host last said of itself (`announce`)."""
-        try:
-            keys = await self._hosts.keys()
-        except Exception:  # nats-py raises NoKeysError for an empty bucket
-            return {}
-        out = {}
-        for key in keys:
-            entry = await self._hosts.get(key)
-            out[key] = json.loads(entry.value)
-        return out
+        """What each host of this cluster last said of itself (`announce`), by host."""
+        return await _records(self._hosts, f"{self.name}.")
+
+    async def live_hosts(self, within: float = LIVE_WITHIN_S) -> set[str]:
+        """The hosts that announced themselves within the last `within` seconds."""
+        return {h for h, r in (await self.hosts()).items() if time.time() - float(r.get("time", 0)) < within}
+
+    async def report(self, seq: int, host: str, record: dict[str, Any]) -> None:
+        """A host's state digest at the `verify` entry at position `seq`."""
+        await self._checks.put(f"{self.name}.{seq}.{host}", json.dumps(record).encode())
+
+    async def reports(self, seq: int, wait: float, live_within: float = LIVE_WITHIN_S) -> dict[str, dict[str, Any]]:
+        """The hosts' digests at the `verify` entry at `seq`, by host: once every host heard from within
+        `live_within` seconds has put its own, or after `wait` seconds with those that came."""
+        deadline = time.monotonic() + wait
+        while True:
+            live = await self.live_hosts(live_within)
+            reports = await _records(self._checks, f"{self.name}.{seq}.")
+            if live <= set(reports) or time.monotonic() > deadline:
+                return reports
+            await asyncio.sleep(0.25)
 
     async def delete(self) -> None:
         """Removes the log and every entry in it (a benchmark's scratch log; never a cluster's own)."""
@@ -276,3 +299,17 @@ class InputLog:
 def _expire(acked: asyncio.Future) -> None:
     if not acked.done():
         acked.set_exception(TimeoutError(f"no acknowledgement within {ACK_TIMEOUT:g} s"))
+
+
+async def _records(bucket: Any, prefix: str) -> dict[str, dict[str, Any]]:
+    """The JSON values of a KV bucket's keys under `prefix`, by the rest of the key."""
+    try:
+        keys = await bucket.keys()
+    except Exception:  # nats-py raises NoKeysError for an empty bucket
+        return {}
+    out = {}
+    for key in keys:
+        if key.startswith(prefix):
+            entry = await bucket.get(key)
+            out[key[len(prefix) :]] = json.loads(entry.value)
+    return out

@@ -29,6 +29,7 @@ from typing import Any
 
 from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailable
 from streamtx.server import log
+from streamtx.server.cluster.digest import differences, digest
 from streamtx.server.cluster.inputlog import Entry, InputLog
 from streamtx.v1 import streamtx_pb2 as pb
 
@@ -38,6 +39,8 @@ MAX_OUTSTANDING = 1024
 """Entries started and not yet answered; reading the log waits beyond it."""
 POSITION_FILE = "cluster.json"
 SAVE_EVERY = 0.5
+VERIFY_WAIT = 30.0
+"""Seconds a host waits for the others' digests at a `verify` entry before comparing what came."""
 ANSWER_TIMEOUT = 30.0
 """Seconds a request waits for the log to take it; past that its caller gets UNAVAILABLE (and may re-send)."""
 
@@ -60,6 +63,7 @@ class Replica:
         self._started: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._fault: BaseException | None = None
         self._saved = self.applied
+        self._checking: set[asyncio.Task] = set()
         inputlog.on_disconnect.append(self._appends_lost)
 
     # ------------------------------------------------------------ requests
@@ -152,6 +156,10 @@ class Replica:
         sequencer.last_ts = max(sequencer.last_ts, entry.seq << TS_SHIFT)
         if entry.kind == "push":
             outcome = self._push(pb.PushRequest.FromString(entry.body))
+        elif entry.kind == "verify":
+            await self._drain()
+            outcome = asyncio.ensure_future(self._verify(entry.seq))
+            await asyncio.wait([outcome])
         elif entry.kind in ("call", "deploy"):
             await self._drain()  # every entry before it has its outcome: it runs alone, at the same point everywhere
             request = (pb.CallRequest if entry.kind == "call" else pb.DeployRequest).FromString(entry.body)
@@ -168,6 +176,32 @@ class Replica:
             outcome.add_done_callback(lambda o: _forward(o, answer))
         if len(self._started) > MAX_OUTSTANDING:
             await asyncio.wait([self._started[0][1]])
+
+    async def _verify(self, seq: int) -> dict[str, Any]:
+        """This host's state digest at a `verify` entry, put where every host and `cluster verify` read it."""
+        record = {**await digest(self.front), "host": self.host, "time": time.time()}
+        await self.log.report(seq, self.host, record)
+        self._checking.add(asyncio.get_running_loop().create_task(self._compare(seq, record)))
+        return record
+
+    async def _compare(self, seq: int, own: dict[str, Any]) -> None:
+        """Waits for the other hosts' digests at `seq` (those heard from lately) and says loudly if any differ."""
+        try:
+            reports = await self.log.reports(seq, VERIFY_WAIT)
+            different = differences({**reports, self.host: own})
+            if different:
+                log.event(
+                    "cluster_diverged",
+                    f"hosts hold different states at log position {seq}: " + "; ".join(different),
+                    level="error",
+                    position=seq,
+                )
+            else:
+                log.event("cluster_verified", f"{len(reports)} host(s) hold the same state at log position {seq}")
+        except Exception as e:  # NATS away: `streamtx cluster verify` reads the digests later
+            log.event("cluster_verify_failed", f"comparing states at {seq}: {e}", level="warning")
+        finally:
+            self._checking.discard(asyncio.current_task())  # type: ignore[arg-type]
 
     def _push(self, request: pb.PushRequest) -> asyncio.Future:
         try:

@@ -85,14 +85,15 @@ def wait_for(hosts: list[Launched], want: list[tuple], timeout: float = 60.0) ->
         time.sleep(0.2)
 
 
-def cluster_status(nats: NatsCluster) -> dict:
+def cluster(nats: NatsCluster, verb: str, returncode: int = 0) -> dict:
+    """`streamtx cluster VERB --json`, which reads NATS itself."""
     out = subprocess.run(
-        [sys.executable, "-m", "streamtx", "cluster", "status", "--cluster", ",".join(nats.urls), "--json"],
+        [sys.executable, "-m", "streamtx", "cluster", verb, "--cluster", ",".join(nats.urls), "--json"],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == returncode, out.stderr
     return json.loads(out.stdout)
 
 
@@ -143,13 +144,18 @@ def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_p
             assert tables(a.target) == tables(b.target)
             assert [k for k, _ in tables(a.target)[1]] == sorted(acked)
 
-            status = cluster_status(nats)
+            verified = cluster(nats, "verify")  # a digest of every host's tables at one log position
+            assert verified["differences"] == [] and verified["missing"] == []
+            assert sorted(verified["hosts"]) == ["a", "b"]
+            assert len({r["state"] for r in verified["hosts"].values()}) == 1
+
+            status = cluster(nats, "status")
             assert [h["host"] for h in status["hosts"]] == ["a", "b"]
             assert status["log"]["entries"] == status["log"]["last"] > 4  # pushes go packed: fewer entries than batches
             deadline = time.monotonic() + 10
             while any(h["lag"] for h in status["hosts"]) and time.monotonic() < deadline:
                 time.sleep(0.5)
-                status = cluster_status(nats)
+                status = cluster(nats, "status")
             assert [(h["lag"], h["applied"]) for h in status["hosts"]] == [(0, status["log"]["last"])] * 2
         finally:
             a.close()
@@ -189,3 +195,44 @@ def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_p
         finally:
             a.close()
             b.close()
+
+
+PROCEDURE = """
+from streamtx.procedure import Tx, procedure
+
+
+@procedure
+def tally(tx: Tx) -> None:
+    tx.sql("INSERT INTO t SELECT k, v * $factor FROM s", {"factor": FACTOR})
+"""
+
+
+def test_hosts_whose_states_differ_are_reported_loudly(tmp_path: Path) -> None:
+    """Every host needs the same procedures; a host with other code diverges, and `cluster verify` says where."""
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        hosts = []
+        for name, factor in (("a", 1), ("b", 2)):
+            code = tmp_path / f"procedures-{name}"
+            code.mkdir()
+            (code / "app.py").write_text(PROCEDURE.replace("FACTOR", str(factor)))
+            extra = ["--cluster", nats.urls[0], "--host-id", name, "--procedures-path", str(code)]
+            hosts.append(Launched(tmp_path / name, 1, extra))
+        try:
+            with Client(hosts[0].target) as c:
+                c.deploy(
+                    "CREATE TABLE t (k BIGINT, v BIGINT); CREATE STREAM s (k BIGINT, v BIGINT);"
+                    "CREATE PROCEDURE p ON STREAM s AS PYTHON 'app:tally';"
+                )
+                for k in range(1, 21):
+                    assert c.push_one("s", {"k": [k], "v": [k]}).outcome == "committed"
+            verified = cluster(nats, "verify", returncode=1)
+            assert sorted(verified["hosts"]) == ["a", "b"]
+            [line] = verified["differences"]
+            assert line.startswith("table t: a 20 rows") and "b 20 rows" in line
+            deadline = time.monotonic() + 30
+            while not all("hold different states" in h.stderr() for h in hosts):  # each host says so too
+                assert time.monotonic() < deadline, [h.stderr() for h in hosts]
+                time.sleep(0.2)
+        finally:
+            for h in hosts:
+                h.close()

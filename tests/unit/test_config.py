@@ -134,6 +134,7 @@ def test_a_worker_gets_the_front_s_config_but_not_its_token(tmp_path: Path) -> N
         (["--host-id", "a"], "--host-id a: cluster mode needs both --cluster and --host-id"),
         (["--cluster", "nats://x", "--host-id", "a", "--durability", "off"], "needs --durability strong or weak"),
         (["--log-replicas", "2"], "--log-replicas 2: must be 1, 3 or 5"),
+        (["--cluster", "nats://x", "--host-id", "a.b"], "--host-id 'a.b': must be 1-64 letters, digits"),
     ],
 )
 def test_a_bad_value_stops_serve_with_a_message_naming_its_flag(tmp_path: Path, args: list[str], message: str) -> None:
