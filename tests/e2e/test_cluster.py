@@ -46,9 +46,9 @@ END;
 """
 
 
-def start_host(root: Path, name: str, nats: NatsCluster, replicas: int = 1) -> Launched:
+def start_host(root: Path, name: str, nats: NatsCluster, replicas: int = 1, partitions: int = 2) -> Launched:
     extra = ["--cluster", ",".join(nats.urls), "--host-id", name, "--log-replicas", str(replicas)]
-    return Launched(root / name, 2, extra)
+    return Launched(root / name, partitions, extra)
 
 
 def batch(k: int) -> dict[str, list[int]]:
@@ -162,39 +162,56 @@ def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_p
             b.close()
 
 
+RESUME_WITHIN_S = 15.0
+"""The longest a producer may go without an acknowledgement while a host and then a NATS node die."""
+
+
 def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_path: Path) -> None:
-    """Three NATS nodes keep the log (R3); the producer's client names both hosts and fails over by itself."""
+    """Three NATS nodes keep the log (R3), three hosts run it; the producer's client names every host and fails
+    over by itself when its host dies; then a NATS node dies; the dead host comes back and catches up."""
     rng = random.Random(7)
     with NatsCluster(tmp_path / "nats", 3) as nats:
-        a, b = start_host(tmp_path, "a", nats, 3), start_host(tmp_path, "b", nats, 3)
+        hosts = [start_host(tmp_path, name, nats, 3, partitions=1) for name in "abc"]
+        first = hosts[0]
         try:
-            with Client(f"{a.target},{b.target}", producer_id="p") as c:
+            with Client(",".join(h.target for h in hosts), producer_id="p") as c:
                 c.deploy(SCRIPT)
                 futures: list = []
-                producer = threading.Thread(
-                    target=lambda: futures.extend(c.push("s", batch(k), batch_id=k) for k in range(1, 2401))
-                )
+                acked_at: list[float] = []
+
+                def produce() -> None:
+                    for k in range(1, 2401):
+                        future = c.push("s", batch(k), batch_id=k)
+                        future.add_done_callback(lambda _: acked_at.append(time.monotonic()))
+                        futures.append(future)
+
+                producer = threading.Thread(target=produce)
+                started = time.monotonic()
                 producer.start()
                 time.sleep(rng.uniform(0.3, 0.8))
                 unanswered = sum(not f.done() for f in list(futures))
-                a.proc.kill()  # the client re-sends what a had not acknowledged to b, same ids
-                a.proc.wait()
+                first.proc.kill()  # the client re-sends what it had not acknowledged to the next host, same ids
+                first.proc.wait()
                 time.sleep(rng.uniform(0.3, 0.8))
                 nats.kill(rng.randrange(3))  # the log keeps a majority: appends go on after an election
                 producer.join(timeout=120)
                 outcomes = [f.result(timeout=90) for f in futures]
-                assert c.target == b.target
+                assert c.target != first.target
             assert unanswered > 0  # the kill came while batches were in flight
             assert [r.batch_id for r in outcomes] == list(range(1, 2401))
             assert {r.outcome for r in outcomes} <= {"committed", "duplicate"}
             assert all(r.original in (None, "committed") for r in outcomes)
-            a = start_host(tmp_path, "a", nats, 3)  # the killed host comes back and catches up
-            wait_for([a, b], expected(set(range(1, 2401))), timeout=90)
-            assert tables(a.target) == tables(b.target)
-            assert len(tables(b.target)[1]) == 2400
+            gaps = [b - a for a, b in zip([started, *sorted(acked_at)], sorted(acked_at), strict=False)]
+            assert max(gaps) < RESUME_WITHIN_S, max(gaps)
+            hosts[0] = start_host(tmp_path, "a", nats, 3, partitions=1)  # the killed host comes back, catches up
+            wait_for(hosts, expected(set(range(1, 2401))), timeout=90)
+            assert tables(hosts[0].target) == tables(hosts[1].target) == tables(hosts[2].target)
+            assert len(tables(hosts[2].target)[1]) == 2400
+            verified = cluster(nats, "verify")
+            assert sorted(verified["hosts"]) == ["a", "b", "c"] and verified["differences"] == []
         finally:
-            a.close()
-            b.close()
+            for h in hosts:
+                h.close()
 
 
 PROCEDURE = """
