@@ -162,6 +162,8 @@ class InputLog:
 
     async def append(self, kind: str, body: bytes, origin: str) -> asyncio.Future:
         """Queues the entry on the connection (in call order); the future is JetStream's acknowledgement."""
+        if kind not in KINDS:
+            raise ValueError(f"cluster log: no entry kind {kind!r} (kinds: {', '.join(KINDS)})")
         limit = self._nc.max_payload
         if len(body) + HEADROOM > limit:
             raise ResourceExhausted(

@@ -42,7 +42,8 @@ SAVE_EVERY = 0.5
 VERIFY_WAIT = 30.0
 """Seconds a host waits for the others' digests at a `verify` entry before comparing what came."""
 ANSWER_TIMEOUT = 30.0
-"""Seconds a request waits for the log to take it; past that its caller gets UNAVAILABLE (and may re-send)."""
+"""Seconds a request waits for its answer (the log taking it, this host running it); past that its caller gets
+UNAVAILABLE and may re-send (DUPLICATE if it was taken after all)."""
 
 
 class Replica:
@@ -206,7 +207,9 @@ class Replica:
     def _push(self, request: pb.PushRequest) -> asyncio.Future:
         try:
             message = self.service.start_message(request)
-        except StreamTxError as e:
+        except Exception as e:  # the request's mistake (or a bug): the same answer on every host, which go on
+            if not isinstance(e, StreamTxError):
+                log.event("cluster_entry_failed", f"a push from the log failed: {type(e).__name__}: {e}", level="error")
             failed = asyncio.get_running_loop().create_future()
             failed.set_exception(e)
             return failed
