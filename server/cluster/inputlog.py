@@ -68,6 +68,7 @@ class InputLog:
         self._js: Any = None
         self._hosts: Any = None
         self._checks: Any = None
+        self.created = ""  # when JetStream created the log: a log deleted and made anew has other positions
         self.on_disconnect: list[Callable[[], None]] = []
         """Called when the connection to NATS breaks: appends not yet acknowledged may be lost."""
         self._writable = asyncio.Event()
@@ -131,13 +132,15 @@ class InputLog:
     async def _ensure(self, config: api.StreamConfig, create: bool) -> None:
         try:
             info = await self._js.stream_info(self.stream_name)
+            self.created = str(info.created)
         except NotFoundError:
             if not create:
                 raise FailedPrecondition(
                     f"cluster log {self.stream_name}: no such JetStream stream on {', '.join(self.servers)}; no "
                     f"host of cluster {self.name!r} has started"
                 ) from None
-            await self._js.add_stream(config)  # refused while a new cluster places its peers: retried
+            made = await self._js.add_stream(config)  # refused while a new cluster places its peers: retried
+            self.created = str(made.created)
         else:
             if create and info.config.num_replicas != self.replicas:
                 raise FailedPrecondition(

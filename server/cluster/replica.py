@@ -246,6 +246,13 @@ class Replica:
                 f"--cluster: data directory {self.path.parent} applied the cluster log {data.get('log')!r}, not "
                 f"{self.log.stream_name!r}; a host stays with one log (use another --data-dir)"
             )
+        if data.get("created") != self.log.created:
+            raise FailedPrecondition(
+                f"--cluster: the cluster log {self.log.stream_name} was created anew ({self.log.created}) since data "
+                f"directory {self.path.parent} ran it to position {data['applied']} (in the log created "
+                f"{data.get('created')}): its positions name other entries now; start this host on an empty "
+                "--data-dir to run the new log from its start"
+            )
         return int(data["applied"])
 
     def save(self) -> None:
@@ -254,7 +261,8 @@ class Replica:
             return
         tmp = self.path.with_suffix(".tmp")
         with open(tmp, "w") as f:
-            json.dump({"log": self.log.stream_name, "host": self.host, "applied": self.applied}, f)
+            record = {"log": self.log.stream_name, "created": self.log.created, "host": self.host}
+            json.dump({**record, "applied": self.applied}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)

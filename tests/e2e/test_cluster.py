@@ -7,6 +7,7 @@ batches acknowledged (each exactly once), whatever was killed meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -253,3 +254,26 @@ def test_hosts_whose_states_differ_are_reported_loudly(tmp_path: Path) -> None:
         finally:
             for h in hosts:
                 h.close()
+
+
+def test_a_host_refuses_a_log_made_anew_since_it_last_ran(tmp_path: Path) -> None:
+    """Positions name entries of one log: a host that ran a deleted log must not read a new one from its position."""
+    from streamtx.server.cluster.inputlog import InputLog
+
+    async def delete_log(urls: str) -> None:
+        log = InputLog(urls, "main", 1)
+        await log.open(create=False)
+        await log.delete()
+        await log.close()
+
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        host = start_host(tmp_path, "a", nats, partitions=1)
+        with Client(host.target) as c:
+            c.deploy(SCRIPT)
+            assert c.push_one("s", batch(1)).outcome == "committed"
+        time.sleep(1.0)  # the position is saved every 0.5 s
+        host.proc.terminate()
+        host.proc.wait(timeout=30)
+        asyncio.run(delete_log(nats.urls[0]))
+        with pytest.raises(AssertionError, match="was created anew"):
+            start_host(tmp_path, "a", nats, partitions=1)
