@@ -163,16 +163,20 @@ class InputLog:
     def stream_name(self) -> str:
         return f"STREAMTX_{self.name.upper()}"
 
+    @property
+    def max_entry_bytes(self) -> int:
+        """The largest request body one entry holds (NATS's max_payload, less the headers' room)."""
+        return int(self._nc.max_payload) - HEADROOM
+
     async def append(self, kind: str, body: bytes, origin: str) -> asyncio.Future:
         """Queues the entry on the connection (in call order); the future is JetStream's acknowledgement."""
         if kind not in KINDS:
             raise ValueError(f"cluster log: no entry kind {kind!r} (kinds: {', '.join(KINDS)})")
-        limit = self._nc.max_payload
-        if len(body) + HEADROOM > limit:
+        if len(body) > self.max_entry_bytes:
             raise ResourceExhausted(
                 f"cluster log {self.stream_name}: a {kind} of {len(body):,} bytes does not fit in one entry: the NATS "
-                f"servers take messages of {limit:,} bytes at most (their max_payload); push smaller batches, or "
-                "raise max_payload in the NATS configuration (up to 64 MB)"
+                f"servers take messages of {self._nc.max_payload:,} bytes at most (their max_payload); push smaller "
+                "batches, or raise max_payload in the NATS configuration (up to 64 MB)"
             )
         deadline = time.monotonic() + RECONNECT_WAIT
         if not self._writable.is_set():

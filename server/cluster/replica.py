@@ -32,6 +32,7 @@ from streamtx.server import log
 from streamtx.server.cluster.digest import differences, digest
 from streamtx.server.cluster.inputlog import Entry, InputLog
 from streamtx.v1 import streamtx_pb2 as pb
+from streamtx.wire import encode_rowdata, ipc_to_table
 
 TS_SHIFT = 20
 """An entry's timestamps start at its log position << TS_SHIFT: room for 2**20 batches per entry."""
@@ -83,6 +84,19 @@ class Replica:
         answer.add_done_callback(lambda _: timer.cancel())
         taken.add_done_callback(lambda t: self._refused(origin, t))
         return answer
+
+    async def submit_push(self, request: pb.PushRequest) -> asyncio.Future:
+        """A push message through the log, in as many consecutive entries as NATS's max_payload needs (split
+        between its batches); the future is every batch's ack, in order."""
+        parts = _fitting(request, self.log.max_entry_bytes)
+        if len(parts) == 1:
+            return await self.submit("push", request)
+        answers = [await self.submit("push", part) for part in parts]
+
+        async def joined() -> list[pb.PushAck]:
+            return [ack for acks in await asyncio.gather(*answers) for ack in acks]
+
+        return asyncio.ensure_future(joined())
 
     def _refused(self, origin: str, taken: asyncio.Future) -> None:
         error = None if taken.cancelled() else taken.exception()
@@ -292,6 +306,34 @@ class Replica:
             "started": self.started_at,
             "time": time.time(),
         }
+
+
+def _fitting(request: pb.PushRequest, limit: int) -> list[pb.PushRequest]:
+    """`request` as messages of at most `limit` bytes, split between its batches (halves, recursively); a
+    single batch too large, or rows not in Arrow, stay whole (and are refused as too large)."""
+    sizes = list(request.batch_rows)
+    if request.ByteSize() <= limit or len(sizes) < 2 or request.data.WhichOneof("format") != "arrow_ipc":
+        return [request]
+    try:
+        table = ipc_to_table(request.data.arrow_ipc)
+    except StreamTxError:  # malformed: goes whole (and is refused as too large), nothing taken
+        return [request]
+    half = len(sizes) // 2
+    first_rows = sum(sizes[:half])
+    out = []
+    for first, part_sizes, rows in (
+        (request.batch_id, sizes[:half], table.slice(0, first_rows)),
+        (request.batch_id + half, sizes[half:], table.slice(first_rows)),
+    ):
+        part = pb.PushRequest(
+            stream=request.stream,
+            producer_id=request.producer_id,
+            batch_id=first,
+            data=encode_rowdata(rows, True),
+            batch_rows=part_sizes if len(part_sizes) > 1 else [],
+        )
+        out += _fitting(part, limit)
+    return out
 
 
 async def _acks(message: Any) -> list[pb.PushAck]:

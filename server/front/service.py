@@ -208,7 +208,7 @@ class StreamTxService(pb_grpc.StreamTxServicer):
                         if self.replica is None:
                             message: _Message | _Logged = self.start_message(request)
                         else:
-                            message = _Logged(await self.replica.submit("push", request), batches)
+                            message = _Logged(await self.replica.submit_push(request), batches)
                     except BaseException:
                         front.admission.release(batches, size)
                         raise

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from support.processes import Launched
 
@@ -289,3 +290,26 @@ def test_a_host_refuses_a_log_made_anew_since_it_last_ran(tmp_path: Path) -> Non
         asyncio.run(delete_log(nats.urls[0]))
         with pytest.raises(AssertionError, match="was created anew"):
             start_host(tmp_path, "a", nats, partitions=1)
+
+
+def test_a_push_message_larger_than_a_nats_message_goes_as_several_entries(tmp_path: Path) -> None:
+    """NATS takes 1 MB a message by default; a packed message of 8 batches, 1.3 MB of rows, is split between them."""
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
+        try:
+            with Client(a.target) as c:
+                c.deploy(SCRIPT)
+            keys = pa.array(range(1, 80_001), pa.int64())
+            rows = pa.table({"k": keys, "v": pc.remainder(keys, 5)})
+            request = pb.PushRequest(
+                stream="s", producer_id="big", batch_id=1, data=encode_rowdata(rows), batch_rows=[10_000] * 8
+            )
+            assert request.ByteSize() > 1_048_576
+            acks = list(a.stub.PushStream(iter([request])))
+            assert sum(max(ack.count, 1) for ack in acks) == 8 and {ack.outcome for ack in acks} == {pb.COMMITTED}
+            assert [ack.batch_id for ack in acks][0] == 1
+            wait_for([a, b], expected(set(range(1, 80_001))), timeout=60)
+            assert cluster(nats, "status")["log"]["entries"] >= 3  # the deploy and at least two parts
+        finally:
+            a.close()
+            b.close()
