@@ -240,6 +240,7 @@ class Replica:
                 return
             started.popleft()
             self.applied = seq
+            self.front.counters["cluster_applied"] = seq  # Status and metrics: how far this host has run the log
 
     async def _drain(self) -> None:
         """Waits until every entry started has its outcome (or one failed)."""

@@ -162,6 +162,8 @@ def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_p
                 time.sleep(0.5)
                 status = cluster(nats, "status")
             assert [(h["lag"], h["applied"]) for h in status["hosts"]] == [(0, status["log"]["last"])] * 2
+            with Client(b.target) as c:  # a host's own Status says how far it has run the log
+                assert c.status()["counters"]["cluster_applied"] == status["log"]["last"]
 
             c = start_host(tmp_path, "c", nats)  # a new host, empty: runs the log from its first entry
             try:
