@@ -152,6 +152,20 @@ def channel_credentials(
     )
 
 
+def targets_of(target: str) -> list[str]:
+    """The HOST:PORT addresses of a comma-separated target (a cluster's hosts), in order."""
+    targets = [t.strip() for t in target.split(",") if t.strip()]
+    if not targets:
+        raise ValueError(f"target {target!r}: no HOST:PORT given")
+    return targets
+
+
+def next_target(targets: list[str], current: str) -> tuple[str, bool]:
+    """The target after `current`, and whether the turn came back to the first (time to back off)."""
+    at = (targets.index(current) + 1) % len(targets)
+    return targets[at], at == 0
+
+
 def _backoff(attempt: int) -> float:
     return min(_BACKOFF_MAX_S, _BACKOFF_BASE_S * (2**attempt))
 
@@ -239,9 +253,7 @@ class AsyncClient:
             raise ValueError("max_in_flight must be >= 1")
         if retries < 0:
             raise ValueError("retries must be >= 0")
-        self.targets = [t.strip() for t in target.split(",") if t.strip()]
-        if not self.targets:
-            raise ValueError(f"target {target!r}: no HOST:PORT given")
+        self.targets = targets_of(target)
         self.target = self.targets[0]
         self.producer_id = producer_id or str(uuid.uuid4())
         self.max_in_flight = max_in_flight
@@ -318,12 +330,11 @@ class AsyncClient:
         """
         if len(self.targets) < 2 or self._closed:
             return True
-        at = (self.targets.index(self.target) + 1) % len(self.targets)
-        self.target = self.targets[at]
+        self.target, wrapped = next_target(self.targets, self.target)
         old, self._channel, self._stub = self._channel, None, None
         if old is not None:
             asyncio.get_running_loop().create_task(old.close())
-        return at == 0
+        return wrapped
 
     # -- unary calls -----------------------------------------------------------
 

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pyarrow as pa
 
-from streamtx.client.async_client import channel_credentials
+from streamtx.client.async_client import channel_credentials, next_target, targets_of
 from streamtx.errors import Unavailable, error_for
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.v1 import streamtx_pb2_grpc as pb_grpc
@@ -43,7 +43,7 @@ class Conn:
         """`target`: HOST:PORT, or several comma-separated (a cluster's hosts): a call that fails on the
         transport moves to the next. `token` goes as `authorization: Bearer`; `tls_ca` (PEM) makes it TLS,
         `tls_cert`/`tls_key` mutual TLS."""
-        self.targets = [t.strip() for t in target.split(",") if t.strip()] or [target]
+        self.targets = targets_of(target)
         self.timeout_s = timeout_s
         self.retry_for_s = retry_for_s
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
@@ -67,10 +67,10 @@ class Conn:
         """The next target on a new channel; True when every target has had its turn (time to back off)."""
         if len(self.targets) < 2:
             return True
-        at = (self.targets.index(self.target) + 1) % len(self.targets)
+        target, wrapped = next_target(self.targets, self.target)
         self.channel.close()
-        self._open(self.targets[at])
-        return at == 0
+        self._open(target)
+        return wrapped
 
     def close(self) -> None:
         self.channel.close()

@@ -31,6 +31,7 @@ from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailab
 from streamtx.server import log
 from streamtx.server.cluster.digest import differences, digest
 from streamtx.server.cluster.inputlog import Entry, InputLog
+from streamtx.server.front.gate import forward
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.wire import encode_rowdata, ipc_to_table
 
@@ -71,12 +72,15 @@ class Replica:
     # ------------------------------------------------------------ requests
     async def submit(self, kind: str, request: Any) -> asyncio.Future:
         """Appends a request to the log; the future is its answer once this host has run it."""
+        return await self._submit(kind, request.SerializeToString())
+
+    async def _submit(self, kind: str, body: bytes) -> asyncio.Future:
         origin = f"{self.host}:{self._incarnation}:{next(self._numbers)}"
         loop = asyncio.get_running_loop()
         answer: asyncio.Future = loop.create_future()
         self._waiting[origin] = answer
         try:
-            taken = await self.log.append(kind, request.SerializeToString(), origin)
+            taken = await self.log.append(kind, body, origin)
         except BaseException:
             self._waiting.pop(origin, None)
             raise
@@ -88,10 +92,10 @@ class Replica:
     async def submit_push(self, request: pb.PushRequest) -> asyncio.Future:
         """A push message through the log, in as many consecutive entries as NATS's max_payload needs (split
         between its batches); the future is every batch's ack, in order."""
-        parts = _fitting(request, self.log.max_entry_bytes)
-        if len(parts) == 1:
-            return await self.submit("push", request)
-        answers = [await self.submit("push", part) for part in parts]
+        body = request.SerializeToString()
+        if len(body) <= self.log.max_entry_bytes:
+            return await self._submit("push", body)
+        answers = [await self.submit("push", part) for part in _fitting(request, self.log.max_entry_bytes)]
 
         async def joined() -> list[pb.PushAck]:
             return [ack for acks in await asyncio.gather(*answers) for ack in acks]
@@ -167,8 +171,7 @@ class Replica:
         if entry.seq <= self.read:  # the ordered consumer restarted behind us
             return
         self.read = entry.seq
-        sequencer = self.front.sequencer
-        sequencer.last_ts = max(sequencer.last_ts, entry.seq << TS_SHIFT)
+        self.front.sequencer.skip_to(entry.seq << TS_SHIFT)
         if entry.kind == "push":
             outcome = self._push(pb.PushRequest.FromString(entry.body))
         elif entry.kind == "verify":
@@ -188,7 +191,7 @@ class Replica:
         outcome.add_done_callback(lambda _: self._settle())
         answer = self._waiting.pop(entry.origin, None)
         if answer is not None:
-            outcome.add_done_callback(lambda o: _forward(o, answer))
+            forward(outcome, answer)
         if len(self._started) > MAX_OUTSTANDING:
             await asyncio.wait([self._started[0][1]])
 
@@ -340,14 +343,3 @@ def _fitting(request: pb.PushRequest, limit: int) -> list[pb.PushRequest]:
 async def _acks(message: Any) -> list[pb.PushAck]:
     """Every ack of a push message, in order, as its runs come (service.py `_Message`)."""
     return [ack async for run in message.runs() for ack in run]
-
-
-def _forward(outcome: asyncio.Future, answer: asyncio.Future) -> None:
-    if answer.done():
-        return
-    if outcome.cancelled():
-        answer.set_exception(Unavailable("the entry was cancelled on this host"))
-    elif outcome.exception() is not None:
-        answer.set_exception(outcome.exception())
-    else:
-        answer.set_result(outcome.result())

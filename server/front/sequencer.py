@@ -39,6 +39,10 @@ class Sequencer:
         self.last_ts += 1
         return self.last_ts
 
+    def skip_to(self, ts: int) -> None:
+        """The next timestamp given is above `ts` (cluster mode: an entry's timestamps start at its log position)."""
+        self.last_ts = max(self.last_ts, ts)
+
     def load_marks(self, marks: dict[tuple[str, str], int], last_ts: int) -> None:
         for key, batch_id in marks.items():
             self.dispatched[key] = max(self.dispatched.get(key, 0), batch_id)

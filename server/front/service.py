@@ -614,13 +614,13 @@ class _Logged:
         self.batches = batches
 
     def release_each(self, admission: Admission, size: int) -> None:
-        self.answer.add_done_callback(lambda f: admission.release(self.batches, size) or f.cancelled() or f.exception())
+        release_at_outcome(self.answer, admission, size, self.batches)
 
     async def runs(self) -> AsyncIterator[list[pb.PushAck]]:
         yield await self.answer
 
 
-def release_at_outcome(fut: asyncio.Future, admission: Admission, size: int) -> None:
+def release_at_outcome(fut: asyncio.Future, admission: Admission, size: int, batches: int = 1) -> None:
     """Gives a batch's room back when it has its outcome, not when its call ends.
 
     A caller that gives up (deadline, disconnect) leaves the batch running:
@@ -629,7 +629,7 @@ def release_at_outcome(fut: asyncio.Future, admission: Admission, size: int) -> 
     """
 
     def done(f: asyncio.Future) -> None:
-        admission.release(1, size)
+        admission.release(batches, size)
         if not f.cancelled():
             f.exception()
 
