@@ -119,7 +119,8 @@ const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 class Client {
   /**
-   * @param {string} [target] HOST:PORT of the server
+   * @param {string} [target] HOST:PORT of the server, or several comma-separated (the hosts of a
+   *   cluster): a call that finds its host unreachable moves to the next
    * @param {{token?: string, protoPath?: string, retries?: number, deadlineMs?: number}} [options]
    *   token: sent as `authorization: Bearer <token>`; retries: reconnection attempts in a row
    *   before a push or query fails (UNAVAILABLE); deadlineMs: per unary call.
@@ -128,18 +129,41 @@ class Client {
     const definition = protoLoader.loadSync(options.protoPath ?? DEFAULT_PROTO, {
       keepCase: true, longs: String, enums: String, defaults: true, oneofs: true,
     });
-    const api = /** @type {any} */ (grpc.loadPackageDefinition(definition)).streamtx.v1;
-    this.target = target;
+    this.api = /** @type {any} */ (grpc.loadPackageDefinition(definition)).streamtx.v1;
+    this.targets = target.split(',').map((t) => t.trim()).filter((t) => t);
+    if (!this.targets.length) throw new RangeError(`target ${JSON.stringify(target)}: no HOST:PORT given`);
+    this.target = this.targets[0];
     this.retries = options.retries ?? 10;
     this.deadlineMs = options.deadlineMs;
     this.token = options.token;
     /** @type {any} */
-    this.stub = new api.StreamTx(target, grpc.credentials.createInsecure(), {
+    this.stub = this.connect(this.target);
+  }
+
+  /** @param {string} target @returns {any} */
+  connect(target) {
+    return new this.api.StreamTx(target, grpc.credentials.createInsecure(), {
       'grpc.max_send_message_length': MAX_MESSAGE_BYTES,
       'grpc.max_receive_message_length': MAX_MESSAGE_BYTES,
       'grpc.initial_reconnect_backoff_ms': 100,
       'grpc.max_reconnect_backoff_ms': 2000,
     });
+  }
+
+  /**
+   * After a broken connection: the next of several targets (the hosts of a cluster), on a new stub;
+   * one target is kept. True when every target has had its turn since the first (so a retry counts,
+   * and waits its backoff): a dead host among live ones costs a switch, not the retries.
+   * @returns {boolean}
+   */
+  failOver() {
+    if (this.targets.length < 2) return true;
+    const at = (this.targets.indexOf(this.target) + 1) % this.targets.length;
+    const old = this.stub;
+    this.target = this.targets[at];
+    this.stub = this.connect(this.target);
+    old.close();
+    return at === 0;
   }
 
   /** @returns {grpc.Metadata} */
@@ -165,6 +189,10 @@ class Client {
       } catch (err) {
         if (!(retry && /** @type {any} */ (err).code === grpc.status.UNAVAILABLE && attempt < this.retries)) {
           throw toError(err);
+        }
+        if (!this.failOver()) {
+          attempt--; // another host: not a retry
+          continue;
         }
         await sleep(backoff(attempt));
       }
@@ -220,7 +248,8 @@ class Client {
         return;
       } catch (err) {
         if (/** @type {any} */ (err).code !== grpc.status.UNAVAILABLE || attempt >= this.retries) throw toError(err);
-        await sleep(backoff(attempt));
+        if (this.failOver()) await sleep(backoff(attempt));
+        else attempt--; // another host: not a retry
       } finally {
         call.cancel();
       }
@@ -454,10 +483,11 @@ class Producer {
     const broken = status.code === grpc.status.UNAVAILABLE || status.code === grpc.status.OK;
     if (broken && this.failures < this.client.retries && !this.closed) {
       this.reconnecting = true;
+      const wait = this.client.failOver() ? backoff(this.failures++) : 0; // another host: no backoff, no retry spent
       setTimeout(() => {
         this.reconnecting = false;
         this.pump();
-      }, backoff(this.failures++));
+      }, wait);
       return;
     }
     const error = status.code === grpc.status.OK

@@ -29,6 +29,7 @@ import pytest
 from conftest import drop_all
 from support.partitions import keys_on
 from support.processes import wait_dead
+from support.proxy import Proxy
 
 from streamtx.client import Client
 from streamtx.server.embedded import EmbeddedServer
@@ -345,6 +346,47 @@ def test_the_producer_reconnects_after_server_crashes_and_applies_every_batch_on
         if proc is not None and proc.poll() is None:
             proc.kill()
         srv.close()
+
+
+def test_a_client_given_several_targets_moves_to_the_next_and_resends_there(node, target):
+    """The first host goes away mid-stream for good (a cluster host dying); the producer sends what it had not
+    acknowledged to the second, same ids, and reads go there too."""
+    run(node, target, "deploy", stdin=APP)
+    batches = random_batches(random.Random(11), 300)
+    proxy = Proxy(target)
+    proc = subprocess.Popen(
+        [node, str(DRIVER), f"{proxy.target},{target}", "push", "node-failover", "16"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with proc.stdin:
+            proc.stdin.writelines(json.dumps({"stream": "events", "rows": rows}) + "\n" for rows in batches)
+        acks = []
+        for line in proc.stdout:
+            out = lines(line)[0]
+            if "done" in out:
+                summary = out
+                break
+            assert "error" not in out, out
+            acks.append(out)
+            if len(acks) == 60:
+                proxy.cut()  # with batches in flight
+                proxy.close()  # and no longer listening: only the second target answers
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proxy.close()
+    assert summary["calls"] == 2  # one PushStream through the first target, then one to the second
+    acks.sort(key=lambda a: a["i"])
+    assert [a["batchId"] for a in acks] == list(range(1, len(batches) + 1))
+    outcomes = Counter((a["outcome"], a["original"]) for a in acks)
+    assert set(outcomes) <= {("COMMITTED", None), ("DUPLICATE", "COMMITTED")}, outcomes
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens there: a read moves on to the next target
+    assert node_totals(node, f"{dead},{target}") == apply(batches, [True] * len(batches))
 
 
 def test_a_value_javascript_cannot_send_fails_the_push_naming_row_and_column(node, target):
