@@ -15,7 +15,12 @@ Every NATS node fsyncs each append (`sync_interval: always`). **Checked:**
 after each round every host's tables equal the sequential reference fed the
 same votes (the second host once it has caught up; how long that took after
 the last ack is `second_host_behind_s`). Then the log alone: pipelined appends
-of 64 B and 6.4 KB entries (a 100-vote batch), R1 and R3. Ratio lines:
+of 64 B and 6.4 KB entries (a 100-vote batch), R1 and R3. Last, catching
+up on the R3 log once every round has run: a third host started on an empty
+data directory runs the whole log; then host 0 checkpoints (shared, the log
+trimmed below it) and a fourth host, empty, installs that snapshot and runs
+the rest; each timed from its start until its tables equal the reference
+(`catch_up_s`, start-up included). Ratio lines:
 votes/s of R1 over standalone (what the log costs one host; target 0.8), and
 of R3 over R1 (what two more copies cost; target 0.8).
 """
@@ -84,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     from streamtx.client import Client
+    from streamtx.errors import StreamTxError
     from streamtx.procedures.voter.app import VoterConfig, deploy_script, generate_votes, setup_params
     from streamtx.procedures.voter.reference import VoterReference
     from streamtx.procedures.voter.state import QUERIES
@@ -167,6 +173,43 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             return m
 
         results = interleave(list(SETUPS), one, args.rounds)
+        bar.update(task, description="cluster: a new host catching up, from the log and from a snapshot")
+        last = SETUPS[-1]
+        log_flags = ["--cluster", ",".join(nats[last.nats_nodes].urls), "--log-replicas", str(last.nats_nodes)]
+        log_flags += ["--cluster-log", f"bench{SETUPS.index(last)}{run_id}", "--stream-retention", "1000000"]
+        expected = refs[last.name].tables()
+
+        def caught_up(host: str) -> float:
+            started = time.perf_counter()
+            flags = [*log_flags, "--host-id", host]
+            srv = stack.enter_context(EmbeddedServer(partitions=1, executor="opchain", extra_args=flags))
+            deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+            while True:
+                try:
+                    with Client(srv.target) as c:
+                        if all(c.query(sql).fetchall() == expected[name] for name, sql in QUERIES.items()):
+                            return time.perf_counter() - started
+                except StreamTxError:  # not deployed there yet
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"bench {NAME}: new host {host} did not catch up")
+                time.sleep(0.05)
+
+        from_log = caught_up("h2")
+        with Client(hosts[last.name][0].target) as c:
+            c.checkpoint()
+        shared = asyncio.run(_trimmed(nats[last.nats_nodes].urls, f"bench{SETUPS.index(last)}{run_id}"))
+        from_snapshot = caught_up("h3")
+        catch_up_line = {
+            "benchmark": NAME,
+            "setup": "catch-up",
+            "log_replicas": last.nats_nodes,
+            "votes": warmup + count * args.rounds,
+            "log_entries": shared["last"],
+            "catch_up_s": {"whole log": round(from_log, 2), "snapshot + rest of the log": round(from_snapshot, 2)},
+            "snapshot_bytes": shared["snapshot_bytes"],
+            "log_first_after_trim": shared["first"],
+        }
         bar.update(task, description="cluster: log appends")
         appends = args.appends or (4_000 if args.quick else 20_000)
         append_lines = [
@@ -198,7 +241,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         if s.hosts > 1:
             line["second_host_behind_s"] = [round(b, 3) for b in behind[s.name]]
         lines.append(line)
-    lines += append_lines
+    lines += [*append_lines, catch_up_line]
     for num, den, target, what in (
         ("R1", "standalone", LOG_TARGET, "what the log costs one host"),
         ("R3", "R1", REPLICATION_TARGET, "what two more copies of the log cost"),
@@ -215,6 +258,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             )
         )
     return lines
+
+
+async def _trimmed(urls: list[str], name: str) -> dict[str, Any]:
+    """Waits until a host has shared a snapshot and trimmed the log below it; its size and the log's ends."""
+    from streamtx.server.cluster.inputlog import InputLog
+
+    log = InputLog(",".join(urls), name, 3)
+    await log.open(create=False)
+    try:
+        deadline = time.monotonic() + CATCH_UP_TIMEOUT_S
+        while True:
+            info, shots = await log.info(), await log.snapshots()
+            if info["first"] > 1 and shots:
+                return {"first": info["first"], "last": info["last"], "snapshot_bytes": max(s.bytes for s in shots)}
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bench {NAME}: the log was not trimmed after a checkpoint")
+            await asyncio.sleep(0.1)
+    finally:
+        await log.close()
 
 
 async def _appends(urls: list[str], replicas: int, size: int, count: int, name: str) -> dict[str, Any]:

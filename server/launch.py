@@ -63,9 +63,10 @@ def spawn_worker(index: int, config: ServerConfig) -> Spawned:
     return Spawned(proc, ours)
 
 
-def launch(config: ServerConfig) -> Launch:
-    """Locks the data directory, then starts one worker per partition (as many as it was created with)."""
-    lock = lock_data_dir(Path(config.data_dir))
+def launch(config: ServerConfig, lock: IO[str] | None = None) -> Launch:
+    """Locks the data directory (unless `lock` holds it), then starts one worker per partition (as many as it
+    was created with)."""
+    lock = lock or lock_data_dir(Path(config.data_dir))
     mismatch = config.layout_mismatch()
     if mismatch is not None:
         lock.close()

@@ -27,11 +27,12 @@ from streamtx.server.front.auth import TokenInterceptor
 from streamtx.server.front.front import Front
 from streamtx.server.front.metrics import serve_metrics
 from streamtx.server.front.service import StreamTxService
-from streamtx.server.launch import Launch
+from streamtx.server.launch import Launch, launch, lock_data_dir
 from streamtx.v1 import streamtx_pb2 as pb
 
 if TYPE_CHECKING:
-    from streamtx.server.cluster.replica import Replica
+    from streamtx.server.cluster.inputlog import InputLog
+    from streamtx.server.cluster.replica import Replica, StartingHost
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
 
@@ -51,6 +52,7 @@ class Server:
         self._stop = asyncio.Event()
         self.replica: Replica | None = None  # cluster mode (server/cluster/)
         self._cluster_tasks: list[asyncio.Task] = []
+        self._starting: StartingHost | None = None
         self.front.supervisor.on_health = self._serving
         self.front.supervisor.on_fatal = lambda _: self._stop.set()
 
@@ -59,6 +61,7 @@ class Server:
             tls, tokens = security.load_tls(self.config), security.load_tokens(self.config)
         except ValueError as e:  # `streamtx serve` checked them already: changed since
             raise SystemExit(f"streamtx: {e}") from None
+        inputlog = await self._open_cluster_log() if self.config.cluster is not None else None
         await self.front.start()
         limit = self.config.max_message_bytes
         self._grpc = grpc.aio.server(
@@ -70,8 +73,8 @@ class Server:
             ],
         )
         service = StreamTxService(self.front)
-        if self.config.cluster is not None:
-            await self._join_cluster(service)
+        if inputlog is not None:
+            self._join_cluster(service, inputlog)
         decoding.add_service(service, self._grpc)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._grpc)
         reflection.enable(self._grpc, (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name))
@@ -99,6 +102,8 @@ class Server:
                 ) from None
             (Path(self.config.data_dir) / "metrics-port").write_text(f"{self.metrics_port}\n")
         if self.replica is not None:
+            if self._starting is not None:
+                self._starting.stop()  # the replica says where it is from now on
             address = f"{self.config.host}:{self.port}"
             self._cluster_tasks = [
                 asyncio.create_task(self.replica.run()),
@@ -106,19 +111,45 @@ class Server:
             ]
         (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")  # last: the server is up
 
-    async def _join_cluster(self, service: StreamTxService) -> None:
-        """Opens the cluster's log; the service then sends every request that changes state through it."""
+    async def _open_cluster_log(self) -> InputLog:
+        """Opens the cluster's log; installs the newest shared snapshot first if this host's own state cannot
+        go on with it (cluster/snapshots.py), which needs the data directory locked and no partition started."""
         from streamtx.server.cluster.inputlog import InputLog  # nats-py: only in cluster mode
-        from streamtx.server.cluster.replica import Replica
+        from streamtx.server.cluster.replica import StartingHost
+        from streamtx.server.cluster.snapshots import catch_up
 
         assert self.config.cluster is not None and self.config.host_id is not None
         inputlog = InputLog(self.config.cluster, self.config.cluster_log, self.config.log_replicas)
+        host, data_dir = self.config.host_id, Path(self.config.data_dir)
+        self._starting = starting = StartingHost(inputlog, host)
         try:
             await inputlog.open()
-            self.replica = Replica(service, inputlog, self.config.host_id, Path(self.config.data_dir))
+            if self.front.launched is None:
+                lock = lock_data_dir(data_dir)
+                try:
+                    await catch_up(
+                        inputlog, data_dir, self.config.host_id, self.config.partitions, self._starting.announce
+                    )
+                except BaseException:
+                    lock.close()
+                    raise
+                self.front.launched = launch(self.config, lock)
         except StreamTxError as e:
+            starting.stop()
             await inputlog.close()
             raise SystemExit(f"streamtx: {e.message}") from None
+        return inputlog
+
+    def _join_cluster(self, service: StreamTxService, inputlog: InputLog) -> None:
+        """The service then sends every request that changes state through the log."""
+        from streamtx.server.cluster.replica import Replica
+
+        assert self.config.host_id is not None
+        try:
+            self.replica = Replica(service, inputlog, self.config.host_id, Path(self.config.data_dir))
+        except StreamTxError as e:
+            raise SystemExit(f"streamtx: {e.message}") from None
+        self.replica.on_fatal = self._stop.set
         service.replica = self.replica
 
     async def stop(self, grace: float = 2.0) -> None:
@@ -181,7 +212,7 @@ class Server:
         collecting.cancel()
         log.event("shutdown", "shutting down")
         await self.stop()
-        failure = self.front.supervisor.failure
+        failure = self.front.supervisor.failure or (self.replica.failure if self.replica is not None else None)
         if failure is not None:
             raise SystemExit(f"streamtx: stopped: {failure}")
 

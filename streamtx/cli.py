@@ -642,7 +642,10 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     summary = Table(title=f"cluster log {info['stream']}", show_header=False)
     summary.add_column("key", style="bold")
     summary.add_column("value")
-    summary.add_row("entries", f"{info['entries']:,} (last position {info['last']:,}, {info['bytes']:,} bytes)")
+    summary.add_row(
+        "entries",
+        f"{info['entries']:,} (positions {info['first']:,} to {info['last']:,}, {info['bytes']:,} bytes)",
+    )
     copies = ", ".join(
         f"{c['name']}{' (leader)' if c['leader'] else ''}{'' if c['current'] else ' behind'}" for c in info["copies"]
     )
@@ -662,6 +665,14 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
             f"{h['seen_seconds_ago']:g} s ago",
         )
     console.print(hosts)
+    if status["snapshots"]:
+        shots = Table(title="snapshots (a host behind the log's first entry starts from the newest)")
+        for column in ("host", "position", "partitions", "bytes", "taken"):
+            shots.add_column(column, justify="left" if column in ("host", "taken") else "right")
+        for s in status["snapshots"]:
+            taken = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["time"]))
+            shots.add_row(_escape(s["host"]), f"{s['position']:,}", str(s["partitions"]), f"{s['bytes']:,}", taken)
+        console.print(shots)
     return 0
 
 
@@ -1011,7 +1022,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise InvalidArgument(str(e)) from None
     from streamtx.server.launch import launch
 
-    launched = launch(config)  # the workers start importing while this process imports the front
+    # the workers start importing while this process imports the front; in cluster mode the host may have to
+    # install a snapshot first (server/cluster/snapshots.py), so they start later
+    launched = launch(config) if config.cluster is None else None
     from streamtx.server.serve import serve
 
     serve(config, launched)

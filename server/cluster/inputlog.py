@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -27,6 +29,7 @@ from nats.js.errors import NotFoundError
 
 from streamtx.errors import FailedPrecondition, ResourceExhausted, Unavailable
 from streamtx.server import log
+from streamtx.server.cluster.snapshots import SnapshotInfo
 
 KINDS = ("push", "call", "deploy", "verify")
 RECONNECT_WAIT = 30.0
@@ -44,6 +47,9 @@ CHECKS_BUCKET = "streamtx_checks"
 """A KV bucket where each host puts its state's digest at a `verify` entry, key `<cluster>.<position>.<host>`;
 entries expire after CHECKS_KEPT_S."""
 CHECKS_KEPT_S = 24 * 3600.0
+SNAPSHOTS_BUCKET = "streamtx_snapshots"
+"""A JetStream object store where each host keeps its newest checkpoint (cluster/snapshots.py), object
+`<cluster>.<host>`."""
 LIVE_WITHIN_S = 10.0
 """A host heard from within this many seconds is expected to put its digest at a `verify` entry."""
 
@@ -68,6 +74,7 @@ class InputLog:
         self._js: Any = None
         self._hosts: Any = None
         self._checks: Any = None
+        self._snapshots: Any = None
         self.created = ""  # when JetStream created the log: a log deleted and made anew has other positions
         self.on_disconnect: list[Callable[[], None]] = []
         """Called when the connection to NATS breaks: appends not yet acknowledged may be lost."""
@@ -152,6 +159,11 @@ class InputLog:
         self._checks = await self._bucket(
             api.KeyValueConfig(bucket=CHECKS_BUCKET, history=1, replicas=self.replicas, ttl=CHECKS_KEPT_S)
         )
+        try:
+            self._snapshots = await self._js.object_store(SNAPSHOTS_BUCKET)
+        except Exception:
+            config = api.ObjectStoreConfig(replicas=self.replicas, storage=api.StorageType.FILE)
+            self._snapshots = await self._js.create_object_store(SNAPSHOTS_BUCKET, config=config)
 
     async def _bucket(self, config: api.KeyValueConfig) -> Any:
         try:
@@ -241,13 +253,15 @@ class InputLog:
             await sub.unsubscribe()
 
     async def status(self) -> dict[str, Any]:
-        """The log and every host that announced itself, with how far behind the log's end each one is."""
+        """The log, every host that announced itself (with how far behind the log's end it is), and the hosts'
+        shared snapshots."""
         info, hosts = await self.info(), await self.hosts()
         now = time.time()
         for record in hosts.values():
             record["lag"] = max(info["last"] - int(record.get("applied", 0)), 0)
             record["seen_seconds_ago"] = round(max(now - float(record.get("time", now)), 0.0), 1)
-        return {"log": info, "hosts": [hosts[h] for h in sorted(hosts)]}
+        snapshots = sorted(await self.snapshots(), key=lambda i: i.host)
+        return {"log": info, "hosts": [hosts[h] for h in sorted(hosts)], "snapshots": [vars(i) for i in snapshots]}
 
     async def info(self) -> dict[str, Any]:
         """The log's position and its copies: last entry, bytes, leader and replicas with their lag."""
@@ -261,11 +275,47 @@ class InputLog:
         return {
             "stream": self.stream_name,
             "entries": info.state.messages,
+            "first": info.state.first_seq,
             "last": info.state.last_seq,
             "bytes": info.state.bytes,
             "replicas": info.config.num_replicas,
             "copies": copies,
         }
+
+    async def first(self) -> int:
+        """The position of the log's first entry (its last + 1 when it holds none: trimmed, or new)."""
+        info = await self._js.stream_info(self.stream_name)
+        return max(int(info.state.first_seq), 1)
+
+    async def trim(self, through: int) -> None:
+        """Drops every entry up to position `through` (a no-op for entries dropped already)."""
+        await self._js.purge_stream(self.stream_name, seq=through + 1)
+
+    async def put_snapshot(self, info: SnapshotInfo, path: Path) -> None:
+        """Stores the file at `path` as `info.host`'s snapshot, replacing its previous one."""
+        meta = api.ObjectMeta(name=f"{self.name}.{info.host}", description=info.to_json())
+        with open(path, "rb") as f:
+            await self._snapshots.put(meta.name, f, meta=meta)
+
+    async def snapshots(self) -> list[SnapshotInfo]:
+        """Every host's stored snapshot of this cluster."""
+        try:
+            objects = await self._snapshots.list()
+        except Exception:  # nats-py raises NotFoundError for an empty store
+            return []
+        prefix = f"{self.name}."
+        return [
+            SnapshotInfo.from_json(o.description)
+            for o in objects
+            if o.name.startswith(prefix) and o.description and not o.deleted
+        ]
+
+    async def fetch_snapshot(self, host: str, path: Path) -> None:
+        """Writes `host`'s stored snapshot to `path` (its SHA-256 checked by the object store)."""
+        with open(path, "wb") as f:
+            await self._snapshots.get(f"{self.name}.{host}", writeinto=f)
+            f.flush()
+            os.fsync(f.fileno())
 
     async def announce(self, host: str, record: dict[str, Any]) -> None:
         await self._hosts.put(f"{self.name}.{host}", json.dumps(record).encode())

@@ -11,7 +11,10 @@ A host remembers how far it has applied the log (`POSITION_FILE`, written
 every `SAVE_EVERY` seconds, only up to entries whose outcomes are durable
 here). After a crash it recovers its partitions from its own command log and
 reads the log again from that position: what it had applied since is
-DUPLICATE, what its crash lost is taken anew.
+DUPLICATE, what its crash lost is taken anew. Each checkpoint is shared and
+the log trimmed below it (cluster/snapshots.py); a host that finds the log
+trimmed past its position while it runs stops (restarted, it installs the
+newest snapshot).
 """
 
 from __future__ import annotations
@@ -19,18 +22,25 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
-import os
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailable
 from streamtx.server import log
 from streamtx.server.cluster.digest import differences, digest
-from streamtx.server.cluster.inputlog import Entry, InputLog
+from streamtx.server.cluster.inputlog import LIVE_WITHIN_S, Entry, InputLog
+from streamtx.server.cluster.snapshots import (
+    TRIM_DECIDE_S,
+    SnapshotInfo,
+    pack,
+    save_position,
+    saved_position,
+    trim_point,
+)
 from streamtx.server.front.gate import forward
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.wire import encode_rowdata, ipc_to_table
@@ -39,7 +49,6 @@ TS_SHIFT = 20
 """An entry's timestamps start at its log position << TS_SHIFT: room for 2**20 batches per entry."""
 MAX_OUTSTANDING = 1024
 """Entries started and not yet answered; reading the log waits beyond it."""
-POSITION_FILE = "cluster.json"
 SAVE_EVERY = 0.5
 VERIFY_WAIT = 30.0
 """Seconds a host waits for the others' digests at a `verify` entry before comparing what came."""
@@ -56,8 +65,8 @@ class Replica:
         self.front = service.front
         self.log = inputlog
         self.host = host
-        self.path = Path(data_dir) / POSITION_FILE
-        self.applied = self._load_position()
+        self.data_dir = Path(data_dir)
+        self.applied = saved_position(self.data_dir, inputlog.stream_name, inputlog.created)
         self.read = self.applied  # the last entry started
         self.started_at = time.time()
         self._incarnation = secrets.token_hex(4)
@@ -67,7 +76,12 @@ class Replica:
         self._fault: BaseException | None = None
         self._saved = self.applied
         self._checking: set[asyncio.Task] = set()
+        self._sharing: asyncio.Task | None = None
+        self._shared = 0  # the position of the last snapshot this host shared
+        self.failure: str | None = None  # why this host cannot go on with the log
+        self.on_fatal: Callable[[], None] = lambda: None
         inputlog.on_disconnect.append(self._appends_lost)
+        self.front.on_checkpoint.append(self._checkpointed)
 
     # ------------------------------------------------------------ requests
     async def submit(self, kind: str, request: Any) -> asyncio.Future:
@@ -146,11 +160,17 @@ class Replica:
         while True:
             try:
                 async for entry in self.log.entries(self.applied + 1):
-                    await self._apply(entry)
+                    async with self.front.boundary:  # a checkpoint's cut falls between two entries
+                        await self._apply(entry)
                     if self._fault is not None:
                         break
             except asyncio.CancelledError:
                 raise
+            except LogGap as e:
+                self.failure = str(e)
+                log.event("cluster_log_gap", self.failure, level="error")
+                self.on_fatal()
+                return
             except Exception as e:  # the connection to NATS, which reconnects by itself
                 log.event("cluster_read_failed", f"reading the cluster log failed: {e}", level="warning")
                 await asyncio.sleep(1.0)
@@ -170,6 +190,11 @@ class Replica:
     async def _apply(self, entry: Entry) -> None:
         if entry.seq <= self.read:  # the ordered consumer restarted behind us
             return
+        if entry.seq > self.read + 1:
+            raise LogGap(
+                f"the cluster log no longer holds entries {self.read + 1} to {entry.seq - 1} (trimmed while this "
+                "host was not heard from); restart it: it then installs the newest snapshot"
+            )
         self.read = entry.seq
         self.front.sequencer.skip_to(entry.seq << TS_SHIFT)
         if entry.kind == "push":
@@ -254,37 +279,49 @@ class Replica:
             self._started.clear()
 
     # ---------------------------------------------------------------- position
-    def _load_position(self) -> int:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return 0
-        if data.get("log") != self.log.stream_name:
-            raise FailedPrecondition(
-                f"--cluster: data directory {self.path.parent} applied the cluster log {data.get('log')!r}, not "
-                f"{self.log.stream_name!r}; a host stays with one log (use another --data-dir)"
-            )
-        if data.get("created") != self.log.created:
-            raise FailedPrecondition(
-                f"--cluster: the cluster log {self.log.stream_name} was created anew ({self.log.created}) since data "
-                f"directory {self.path.parent} ran it to position {data['applied']} (in the log created "
-                f"{data.get('created')}): its positions name other entries now; start this host on an empty "
-                "--data-dir to run the new log from its start"
-            )
-        return int(data["applied"])
-
     def save(self) -> None:
         """Writes `applied` (durably: a crash leaves the old or the new one)."""
         if self.applied == self._saved:
             return
-        tmp = self.path.with_suffix(".tmp")
-        with open(tmp, "w") as f:
-            record = {"log": self.log.stream_name, "created": self.log.created, "host": self.host}
-            json.dump({**record, "applied": self.applied}, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, self.applied)
         self._saved = self.applied
+
+    # ---------------------------------------------------------------- snapshots
+    def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:
+        """At a checkpoint's cut, between two entries: once written, share it and trim the log (one share at a
+        time; a checkpoint cut while one is shared, or holding no entry past the one shared last, is not)."""
+        if (self._sharing is None or self._sharing.done()) and self.read > self._shared:
+            self._sharing = asyncio.get_running_loop().create_task(self._share(ts, self.read, written))
+
+    async def _share(self, ts: int, position: int, written: asyncio.Future[bool]) -> None:
+        """`position`: the last entry admitted at the cut. After a restart it is not `ts >> TS_SHIFT`: an entry
+        past the saved position may be in the state only in part, until it is run again."""
+        partitions = len(self.front.partitions)
+        if not await written:
+            return
+        try:
+            path = await asyncio.to_thread(pack, self.data_dir, ts, partitions)
+        except FileNotFoundError:  # a newer checkpoint replaced it already: that one is shared next
+            return
+        try:
+            info = SnapshotInfo(self.host, position, ts, partitions, self.log.created, time.time(), path.stat().st_size)
+            await self.log.put_snapshot(info, path)
+            self._shared = position
+            self.front.counters["cluster_snapshots"] += 1
+            log.event(
+                "cluster_snapshot_shared",
+                f"checkpoint at log position {position} shared ({info.bytes:,} bytes)",
+                position=position,
+            )
+            asked = time.monotonic()
+            through = trim_point(min(position, self.applied), await self.log.hosts(), time.time(), LIVE_WITHIN_S)
+            if through >= await self.log.first() and time.monotonic() - asked < TRIM_DECIDE_S:
+                await self.log.trim(through)
+                log.event("cluster_log_trimmed", f"cluster log entries up to {through} dropped", position=through)
+        except Exception as e:  # NATS away: the next checkpoint tries again
+            log.event("cluster_snapshot_failed", f"sharing the checkpoint at {position}: {e}", level="warning")
+        finally:
+            path.unlink(missing_ok=True)
 
     async def keep_position(self, address: str) -> None:
         """Saves the position and tells the cluster (`streamtx cluster status`) where this host is."""
@@ -310,6 +347,43 @@ class Replica:
             "started": self.started_at,
             "time": time.time(),
         }
+
+
+class StartingHost:
+    """A host between opening the log and running it (installing a snapshot, recovering its partitions): it says
+    every second how far it has applied the log, so that the log is not trimmed past it meanwhile."""
+
+    def __init__(self, inputlog: InputLog, host: str) -> None:
+        self.log = inputlog
+        self.host = host
+        self.applied = 0
+        self._task: asyncio.Task | None = None
+
+    async def announce(self, applied: int) -> None:
+        self.applied = applied
+        await self.log.announce(self.host, self._record())
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._keep())
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.log.announce(self.host, self._record())
+            except Exception as e:  # NATS away: the log reader will say so too
+                log.event("cluster_announce_failed", f"cannot announce host {self.host}: {e}", level="warning")
+
+    def _record(self) -> dict[str, Any]:
+        machine = socket.gethostname()
+        return {"host": self.host, "machine": machine, "applied": self.applied, "serving": False, "time": time.time()}
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+class LogGap(Exception):
+    """The log skipped entries this host has not applied: it was trimmed past this host's position."""
 
 
 def _fitting(request: pb.PushRequest, limit: int) -> list[pb.PushRequest]:

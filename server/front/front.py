@@ -55,7 +55,7 @@ CATALOG_FILE = "catalog.json"
 class Front:
     def __init__(self, config: ServerConfig, launched: Launch | None = None) -> None:
         self.config = config
-        self._launched = launched  # started early by `streamtx serve` (launch.py), else at `start`
+        self.launched = launched  # started early by `streamtx serve` (launch.py), else at `start`
         self.data_dir = Path(config.data_dir)
         self.loader = ProcedureLoader(config.procedures_path)
         self.catalog = Catalog()
@@ -68,6 +68,12 @@ class Front:
         self.admission = Admission(config.max_in_flight, config.max_in_flight_bytes)
         self._stream_events: dict[str, asyncio.Event] = {}
         self._deploy_lock = asyncio.Lock()
+        self.boundary = asyncio.Lock()
+        """Held between two commands' admissions by whoever must not have a checkpoint cut inside its work
+        (cluster mode: a log entry, so that a checkpoint's cut falls between two entries, server/cluster/)."""
+        self.on_checkpoint: list[Callable[[int, asyncio.Future[bool]], None]] = []
+        """Called at a checkpoint's cut with its timestamp and a future: True once every partition has written
+        it, False if it failed."""
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
@@ -87,8 +93,8 @@ class Front:
 
     # ---------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        launched = self._launched or launch(self.config)
-        self._launched = None
+        launched = self.launched or launch(self.config)
+        self.launched = None
         self._lock_file = launched.lock
         self.catalog = await asyncio.to_thread(Catalog.load, self.data_dir / CATALOG_FILE, self.loader.resolve)
         self.map = await asyncio.to_thread(
@@ -602,9 +608,19 @@ class Front:
         on executing; this returns when every partition has written its own.
         """
         started = time.perf_counter()
-        ts = self.sequencer.last_ts
-        replies = await self.ask_all(pr.Checkpoint(ts))
-        await self.ask_all(pr.Release(ts))
+        written: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        async with self.boundary:
+            ts = self.sequencer.last_ts
+            cut = self.gate.run(lambda: self._send_all(pr.Checkpoint(ts)))
+            for callback in self.on_checkpoint:
+                callback(ts, written)
+        ok = False
+        try:
+            replies = [checked(r) for r in await cut]
+            await self.ask_all(pr.Release(ts))
+            ok = True
+        finally:
+            written.set_result(ok)
         self.counters["checkpoints"] += 1
         seconds, size = time.perf_counter() - started, sum(r[0].bytes for r in replies)
         log.event(

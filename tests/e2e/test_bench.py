@@ -278,6 +278,9 @@ def test_bench_cluster_small_run_checks_every_host_against_the_reference(tmp_pat
     assert len(runs["R3, 2 hosts"]["second_host_behind_s"]) == 1
     appends = [(a["log_replicas"], a["entry_bytes"]) for a in lines if a.get("setup") == "log appends"]
     assert appends == [(1, 64), (1, 6400), (3, 64), (3, 6400)]
+    (catch_up,) = [line for line in lines if line.get("setup") == "catch-up"]  # both new hosts matched the reference
+    assert set(catch_up["catch_up_s"]) == {"whole log", "snapshot + rest of the log"}
+    assert catch_up["log_first_after_trim"] > 1 and catch_up["snapshot_bytes"] > 0
     ratios = [line for line in lines if "ratio" in line]
     assert [(r["target"], RATIO_KEYS <= r.keys()) for r in ratios] == [(0.8, True), (0.8, True)]
     assert png.stat().st_size > 0

@@ -48,8 +48,10 @@ END;
 """
 
 
-def start_host(root: Path, name: str, nats: NatsCluster, replicas: int = 1, partitions: int = 2) -> Launched:
-    extra = ["--cluster", ",".join(nats.urls), "--host-id", name, "--log-replicas", str(replicas)]
+def start_host(
+    root: Path, name: str, nats: NatsCluster, replicas: int = 1, partitions: int = 2, *more: str
+) -> Launched:
+    extra = ["--cluster", ",".join(nats.urls), "--host-id", name, "--log-replicas", str(replicas), *more]
     return Launched(root / name, partitions, extra)
 
 
@@ -178,16 +180,18 @@ def test_every_host_runs_the_log_in_one_order_and_a_killed_host_catches_up(tmp_p
             b.close()
 
 
+CHECKPOINTS = ("--checkpoint-every", "1")
 RESUME_WITHIN_S = 15.0
 """The longest a producer may go without an acknowledgement while a host and then a NATS node die."""
 
 
 def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_path: Path) -> None:
     """Three NATS nodes keep the log (R3), three hosts run it; the producer's client names every host and fails
-    over by itself when its host dies; then a NATS node dies; the dead host comes back and catches up."""
+    over by itself when its host dies; then a NATS node dies; the dead host comes back and catches up. Every
+    host checkpoints each second meanwhile, so snapshots are shared and the log trimmed throughout."""
     rng = random.Random(7)
     with NatsCluster(tmp_path / "nats", 3) as nats:
-        hosts = [start_host(tmp_path, name, nats, 3, partitions=1) for name in "abc"]
+        hosts = [start_host(tmp_path, name, nats, 3, 1, *CHECKPOINTS) for name in "abc"]
         first = hosts[0]
         try:
             with Client(",".join(h.target for h in hosts), producer_id="p") as c:
@@ -219,7 +223,7 @@ def test_acknowledged_batches_survive_a_killed_host_and_a_killed_nats_node(tmp_p
             assert all(r.original in (None, "committed") for r in outcomes)
             gaps = [b - a for a, b in zip([started, *sorted(acked_at)], sorted(acked_at), strict=False)]
             assert max(gaps) < RESUME_WITHIN_S, max(gaps)
-            hosts[0] = start_host(tmp_path, "a", nats, 3, partitions=1)  # the killed host comes back, catches up
+            hosts[0] = start_host(tmp_path, "a", nats, 3, 1, *CHECKPOINTS)  # the killed host comes back, catches up
             wait_for(hosts, expected(set(range(1, 2401))), timeout=90)
             assert tables(hosts[0].target) == tables(hosts[1].target) == tables(hosts[2].target)
             assert len(tables(hosts[2].target)[1]) == 2400
@@ -315,3 +319,63 @@ def test_a_push_message_larger_than_a_nats_message_goes_as_several_entries(tmp_p
         finally:
             a.close()
             b.close()
+
+
+def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: Path) -> None:
+    """Each checkpoint is shared and the log trimmed below it; a new host, and one that was away while the log
+    was trimmed past its position, install the newest snapshot and read the log on from there."""
+    from streamtx.server.cluster.inputlog import LIVE_WITHIN_S
+
+    def trimmed_past(position: int) -> dict:
+        deadline = time.monotonic() + 30
+        while True:
+            status = cluster(nats, "status")
+            if status["log"]["first"] > position + 1 and status["snapshots"]:
+                return status
+            assert time.monotonic() < deadline, f"the log was not trimmed past {position}: {status}"
+            time.sleep(0.3)
+
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats), start_host(tmp_path, "b", nats)
+        hosts = [a, b]
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, 201)} == {"committed"}
+            acked = set(range(1, 201))
+            wait_for([a, b], expected(acked))
+            time.sleep(1.5)  # each host has said how far it applied the log
+            with Client(a.target) as c:
+                c.checkpoint()
+            status = trimmed_past(1)
+            assert [(s["host"], s["partitions"]) for s in status["snapshots"]] == [("a", 2)]
+            assert status["snapshots"][0]["position"] >= status["log"]["first"] - 1
+            applied_b = next(h["applied"] for h in status["hosts"] if h["host"] == "b")
+
+            b.proc.kill()  # away while the log goes on and is trimmed past where it was
+            b.proc.wait()
+            with Client(a.target, producer_id="p") as c:
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(201, 301)} == {"committed"}
+                acked |= set(range(201, 301))
+                time.sleep(LIVE_WITHIN_S + 1)  # b no longer counts as live: it holds the log back no more
+                c.checkpoint()
+            trimmed_past(applied_b + 1)
+
+            newcomer = start_host(tmp_path, "c", nats)  # empty, and the log no longer starts at 1
+            hosts.append(newcomer)
+            b = start_host(tmp_path, "b", nats)  # its own state is behind the log's first entry
+            hosts[1] = b
+            for h in (newcomer, b):
+                assert "installed host a's snapshot" in h.stderr()
+            with Client(newcomer.target, producer_id="p") as c:
+                again = c.push_one("s", batch(7), batch_id=7)  # the snapshot holds the dedup marks too
+                assert (again.outcome, again.original) == ("duplicate", "committed")
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(301, 351)} == {"committed"}
+            acked |= set(range(301, 351))
+            wait_for(hosts, expected(acked))
+            assert tables(a.target) == tables(b.target) == tables(newcomer.target)
+            verified = cluster(nats, "verify")
+            assert sorted(verified["hosts"]) == ["a", "b", "c"] and verified["differences"] == []
+        finally:
+            for h in hosts:
+                h.close()

@@ -63,6 +63,7 @@ def test_the_cluster_compose_file_runs_three_nats_nodes_three_hosts_and_the_spar
     for host in "abc":
         assert re.search(rf"--host-id\s+- {host}\b", config), host
     assert config.count(urls) == 3 and config.count("--log-replicas") == 3
+    assert config.count("--checkpoint-every") == 3  # shared checkpoints: the log is trimmed below them
     assert "streamtx-a:7411" in config  # the job pushes to a host by its service name
     for i in (1, 2, 3):  # every node's configuration fsyncs each append and routes to the other two
         conf = (ROOT / "deploy" / "nats" / f"nats-{i}.conf").read_text()
