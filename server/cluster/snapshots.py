@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from streamtx.errors import FailedPrecondition, Unavailable
+from streamtx.errors import FailedPrecondition
 from streamtx.files import atomic_write
 from streamtx.recovery.checkpoint import MANIFEST, checkpoint_name
 from streamtx.recovery.log import CommandLog, fsync_dir
@@ -57,7 +57,6 @@ TRIM_DECIDE_S = 0.5
 TRIM_GRACE_S = 1.5
 """A starting host waits this long after saying where it is before it reads where the log starts: longer
 than TRIM_DECIDE_S, so a trim decided without its position has landed by then."""
-INSTALL_ATTEMPTS = 3
 PACKED, FETCHED, UNPACKED = ".snapshot-out.tar", ".snapshot-in.tar", ".snapshot-in"
 
 
@@ -183,17 +182,15 @@ async def catch_up(
     if it must install and no snapshot holds what the log no longer does.
     """
     applied = saved_position(data_dir, inputlog.stream_name, inputlog.created)
-    for _ in range(INSTALL_ATTEMPTS):
-        await announce(applied)
-        await asyncio.sleep(TRIM_GRACE_S)
-        first = await inputlog.first()
-        if not must_install(data_dir, applied, first):
-            return applied
-        applied = await _install_newest(inputlog, data_dir, host, partitions, applied, first)
-    raise Unavailable(
-        f"--cluster: the log {inputlog.stream_name} was trimmed past this host {INSTALL_ATTEMPTS} times while it "
-        "installed snapshots; start it again"
-    )
+    await announce(applied)
+    await asyncio.sleep(TRIM_GRACE_S)
+    first = await inputlog.first()
+    if not must_install(data_dir, applied, first):
+        return applied
+    # trims since the announcement stop at `applied`, below `first`: the log keeps what follows the snapshot
+    applied = await _install_newest(inputlog, data_dir, host, partitions, applied, first)
+    await announce(applied)
+    return applied
 
 
 async def _install_newest(inputlog: Any, data_dir: Path, host: str, partitions: int, applied: int, first: int) -> int:
