@@ -61,11 +61,14 @@ def counter(c: Client, name: str) -> int:
     return int(c.status()["counters"].get(name, 0))
 
 
-def start_query(spark, src: Path, ckpt: Path, target: str, stream: str, fail_marker: Path | None = None):
+def start_query(
+    spark, src: Path, ckpt: Path, target: str, stream: str, fail_marker: Path | None = None, kill_pid: int = 0
+):
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
     w = df.writeStream.format("streamtx")
     if fail_marker is not None:
         w = df.writeStream.format("streamtx_flaky").option("fail_marker", str(fail_marker))
+        w = w.option("kill_pid", str(kill_pid))
     return (
         w.option("target", target)
         .option("stream", stream)
@@ -225,3 +228,37 @@ def test_stream_sink_rides_through_three_worker_deaths_exactly_once(spark, tmp_p
         q.stop()
         assert tables(c, p) == (expected_totals(rows), len(rows), len(rows))
         assert counter(c, "restarts") == 3
+
+
+def test_stream_sink_to_a_cluster_goes_on_on_another_host_when_its_host_dies(spark, tmp_path):
+    """Cluster mode: the query names two hosts; the one it writes to is SIGKILLed by the task writing micro-batch
+    1, once its first chunks are staged there. The rest of that task goes to the other host, whose staging lacks
+    the first chunks, so the micro-batch's commit fails and the query stops; restarted from its checkpoint (as a
+    supervisor does), it writes the micro-batch again, same batch id, to the other host. Each row lands once."""
+    from pyspark.errors import StreamingQueryException
+    from support.processes import Launched
+
+    from streamtx.server.cluster.natsd import NatsCluster
+
+    p = unique("c")
+    src, ckpt, marker = tmp_path / "in", tmp_path / "ckpt", tmp_path / "killed"
+    rows = write_json_files(src, 1, 6, 300)
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        flags = ["--cluster", nats.urls[0], "--log-replicas", "1"]
+        a, b = (Launched(tmp_path / h, 1, [*flags, "--host-id", h]) for h in "ab")
+        try:
+            with Client(a.target) as c:
+                c.deploy(counting_app(p))  # through the log: b has it too
+            target = f"{a.target},{b.target}"
+            q = start_query(spark, src, ckpt, target, f"{p}_in", fail_marker=marker, kill_pid=a.proc.pid)
+            with pytest.raises(StreamingQueryException, match=r"lacks chunk\(s\) 0\b"):  # staged on the dead host
+                q.processAllAvailable()
+            assert marker.exists() and a.proc.wait(10) == -signal.SIGKILL
+            q = start_query(spark, src, ckpt, target, f"{p}_in")
+            q.processAllAvailable()
+            q.stop()
+            with Client(b.target) as c:
+                assert tables(c, p) == (expected_totals(rows), len(rows), len(rows))
+        finally:
+            a.close()
+            b.close()

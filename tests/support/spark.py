@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import sys
 from concurrent import futures
 from pathlib import Path
@@ -56,9 +57,11 @@ def make_spark(tmp: Path):
 
 class FlakyStreamWriter(StreamSinkWriter):
     """The real stream sink, fed by an input that breaks once: the first attempt of the
-    task writing micro-batch 1 fails after 150 rows, when its first chunks are staged."""
+    task writing micro-batch 1 fails after 150 rows, when its first chunks are staged; or,
+    given `kill_pid`, SIGKILLs that process (the host it writes to) there and goes on."""
 
     marker = ""
+    kill_pid = 0
 
     def write(self, iterator):
         return super().write(self._break_once(iterator))
@@ -72,11 +75,15 @@ class FlakyStreamWriter(StreamSinkWriter):
             seen += batch.num_rows
             if first and seen >= 150 and not os.path.exists(self.marker):
                 Path(self.marker).touch()
+                if self.kill_pid:
+                    os.kill(self.kill_pid, signal.SIGKILL)
+                    continue
                 raise RuntimeError("injected task failure")
 
 
 class FlakyDataSource(StreamTxDataSource):
-    """`format("streamtx_flaky")`: streamtx with option fail_marker (a file created on the failure)."""
+    """`format("streamtx_flaky")`: streamtx with option fail_marker (a file created on the failure) and, to
+    kill a process instead of failing, kill_pid."""
 
     @classmethod
     def name(cls) -> str:
@@ -84,9 +91,9 @@ class FlakyDataSource(StreamTxDataSource):
 
     def streamWriter(self, schema, overwrite):  # noqa: N802
         opts = dict(self.options)
-        marker = opts.pop("fail_marker")
+        marker, kill_pid = opts.pop("fail_marker"), int(opts.pop("kill_pid", 0))
         writer = FlakyStreamWriter(opts, schema, overwrite)
-        writer.marker = marker
+        writer.marker, writer.kill_pid = marker, kill_pid
         return writer
 
 
