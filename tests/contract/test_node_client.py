@@ -21,7 +21,7 @@ import socket
 import subprocess
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -293,58 +293,69 @@ def kill_server(srv: EmbeddedServer) -> None:
     assert wait_dead(workers, 10) == []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("partitions", PARTITIONS, ids=IDS)
-def test_the_producer_reconnects_after_server_crashes_and_applies_every_batch_once(node, tmp_path, partitions):
-    args = ["--port", str(free_port()), "--order-timeout", "30"]  # the same port after each restart
-    srv = EmbeddedServer(tmp_path / "data", partitions=partitions, extra_args=args).start()
-    batches = random_batches(random.Random(partitions), 400)
-    proc = None
+def push_through(
+    node: str, target: str, producer: str, batches: list[Batch], after: Callable[[int], None]
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Pushes from Node while the test acts on the way: `after(n)` runs as the n-th ack arrives. Every batch must
+    end acknowledged exactly once (committed, or DUPLICATE of a commit); returns (acks in push order, summary)."""
+    proc = subprocess.Popen(
+        [node, str(DRIVER), target, "push", producer, "16"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    stdin, stdout = proc.stdin, proc.stdout
+    assert stdin is not None and stdout is not None
+
+    def feed() -> None:
+        with stdin:
+            for rows in batches:
+                stdin.write(json.dumps({"stream": "events", "rows": rows}) + "\n")
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
     try:
-        with Client(srv.target) as c:
-            c.deploy(APP)
-        proc = subprocess.Popen(
-            [node, str(DRIVER), srv.target, "push", "node-crash", "16"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        stdin = proc.stdin
-        assert stdin is not None and proc.stdout is not None
-
-        def feed() -> None:
-            with stdin:
-                for rows in batches:
-                    stdin.write(json.dumps({"stream": "events", "rows": rows}) + "\n")
-
-        feeder = threading.Thread(target=feed, daemon=True)
-        feeder.start()
-        crashes = {50, 200}  # after this many acks the server dies, with batches in flight
         acks = []
-        for line in proc.stdout:
+        for line in stdout:
             out = lines(line)[0]
             if "done" in out:
                 summary = out
                 break
             assert "error" not in out, out
             acks.append(out)
-            if len(acks) in crashes:
-                kill_server(srv)
-                srv.start()
+            after(len(acks))
         assert proc.wait(60) == 0
         feeder.join()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    acks.sort(key=lambda a: a["i"])
+    assert [a["batchId"] for a in acks] == list(range(1, len(batches) + 1))
+    outcomes = Counter((a["outcome"], a["original"]) for a in acks)
+    assert set(outcomes) <= {("COMMITTED", None), ("DUPLICATE", "COMMITTED")}, outcomes
+    return acks, summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("partitions", PARTITIONS, ids=IDS)
+def test_the_producer_reconnects_after_server_crashes_and_applies_every_batch_once(node, tmp_path, partitions):
+    args = ["--port", str(free_port()), "--order-timeout", "30"]  # the same port after each restart
+    srv = EmbeddedServer(tmp_path / "data", partitions=partitions, extra_args=args).start()
+    batches = random_batches(random.Random(partitions), 400)
+    crashes = {50, 200}  # after this many acks the server dies, with batches in flight
+
+    def crash(acked: int) -> None:
+        if acked in crashes:
+            kill_server(srv)
+            srv.start()
+
+    try:
+        with Client(srv.target) as c:
+            c.deploy(APP)
+        _, summary = push_through(node, srv.target, "node-crash", batches, crash)
         assert summary["calls"] > len(crashes)  # it reconnected after each crash
-        acks.sort(key=lambda a: a["i"])
-        assert [a["batchId"] for a in acks] == list(range(1, len(batches) + 1))
-        outcomes = Counter((a["outcome"], a["original"]) for a in acks)
-        assert set(outcomes) <= {("COMMITTED", None), ("DUPLICATE", "COMMITTED")}, outcomes
         expected = apply(batches, [True] * len(batches))
         with Client(srv.target) as c:
             assert [tuple(r) for r in c.query(TOTALS).fetchall()] == expected
         assert node_totals(node, srv.target) == expected
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
         srv.close()
 
 
@@ -354,37 +365,17 @@ def test_a_client_given_several_targets_moves_to_the_next_and_resends_there(node
     run(node, target, "deploy", stdin=APP)
     batches = random_batches(random.Random(11), 300)
     proxy = Proxy(target)
-    proc = subprocess.Popen(
-        [node, str(DRIVER), f"{proxy.target},{target}", "push", "node-failover", "16"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdin is not None and proc.stdout is not None
+
+    def go_away(acked: int) -> None:
+        if acked == 60:
+            proxy.cut()  # with batches in flight
+            proxy.close()  # and no longer listening: only the second target answers
+
     try:
-        with proc.stdin:
-            proc.stdin.writelines(json.dumps({"stream": "events", "rows": rows}) + "\n" for rows in batches)
-        acks = []
-        for line in proc.stdout:
-            out = lines(line)[0]
-            if "done" in out:
-                summary = out
-                break
-            assert "error" not in out, out
-            acks.append(out)
-            if len(acks) == 60:
-                proxy.cut()  # with batches in flight
-                proxy.close()  # and no longer listening: only the second target answers
-        assert proc.wait(60) == 0
+        _, summary = push_through(node, f"{proxy.target},{target}", "node-failover", batches, go_away)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         proxy.close()
     assert summary["calls"] == 2  # one PushStream through the first target, then one to the second
-    acks.sort(key=lambda a: a["i"])
-    assert [a["batchId"] for a in acks] == list(range(1, len(batches) + 1))
-    outcomes = Counter((a["outcome"], a["original"]) for a in acks)
-    assert set(outcomes) <= {("COMMITTED", None), ("DUPLICATE", "COMMITTED")}, outcomes
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there: a read moves on to the next target
     assert node_totals(node, f"{dead},{target}") == apply(batches, [True] * len(batches))
 
