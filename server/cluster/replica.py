@@ -24,6 +24,7 @@ import collections
 import itertools
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,7 @@ class Replica:
         self._started: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._fault: BaseException | None = None
         self._saved = self.applied
+        self._saving = threading.Lock()
         self._checking: set[asyncio.Task] = set()
         self._sharing: asyncio.Task | None = None
         self._shared = 0  # the position of the last snapshot this host shared
@@ -214,6 +216,9 @@ class Replica:
             log.event("cluster_entry_unknown", f"entry {entry.seq} of kind {entry.kind!r} skipped", level="error")
         self._started.append((entry.seq, outcome))
         outcome.add_done_callback(lambda _: self._settle())
+        if entry.kind == "call":  # no dedup mark makes a call run again a no-op: its position is saved at once
+            self._settle()
+            await asyncio.to_thread(self.save)
         answer = self._waiting.pop(entry.origin, None)
         if answer is not None:
             forward(outcome, answer)
@@ -280,11 +285,13 @@ class Replica:
 
     # ---------------------------------------------------------------- position
     def save(self) -> None:
-        """Writes `applied` (durably: a crash leaves the old or the new one)."""
-        if self.applied == self._saved:
-            return
-        save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, self.applied)
-        self._saved = self.applied
+        """Writes `applied` (durably: a crash leaves the old or the new one); from any thread."""
+        with self._saving:
+            applied = self.applied
+            if applied == self._saved:
+                return
+            save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, applied)
+            self._saved = applied
 
     # ---------------------------------------------------------------- snapshots
     def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:

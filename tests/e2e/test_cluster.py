@@ -379,3 +379,30 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
         finally:
             for h in hosts:
                 h.close()
+
+
+def test_a_call_runs_once_on_a_host_killed_just_after_running_it(tmp_path: Path) -> None:
+    """A call has no dedup mark: a host that runs it saves its log position at once (not within SAVE_EVERY), so
+    killed right after, it does not run the call again when it comes back."""
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                assert c.push_one("s", batch(1)).outcome == "committed"
+                c.call("add_to", g=3, amount=1000)
+                position = c.status()["counters"]["cluster_applied"]  # the call's entry: nothing came after it
+            with Client(b.target) as c:
+                while c.status()["counters"].get("cluster_applied", 0) < position:
+                    time.sleep(0.01)
+            time.sleep(0.05)  # well inside SAVE_EVERY (0.5 s)
+            b.proc.kill()
+            b.proc.wait()
+            b = start_host(tmp_path, "b", nats, partitions=1)
+            want = expected({1}, {3: 1000})
+            wait_for([a, b], want)
+            time.sleep(1.0)  # a call run again would show by now
+            assert tables(b.target) == tables(a.target) and tables(b.target)[0] == want
+        finally:
+            a.close()
+            b.close()
