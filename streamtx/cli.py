@@ -642,10 +642,11 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     summary = Table(title=f"cluster log {info['stream']}", show_header=False)
     summary.add_column("key", style="bold")
     summary.add_column("value")
-    summary.add_row(
-        "entries",
-        f"{info['entries']:,} (positions {info['first']:,} to {info['last']:,}, {info['bytes']:,} bytes)",
-    )
+    if info["entries"]:
+        held = f"{info['entries']:,} (positions {info['first']:,} to {info['last']:,}, {info['bytes']:,} bytes)"
+    else:
+        held = f"0 (the {info['last']:,} so far trimmed)" if info["last"] else "0"
+    summary.add_row("entries", held)
     copies = ", ".join(
         f"{c['name']}{' (leader)' if c['leader'] else ''}{'' if c['current'] else ' behind'}" for c in info["copies"]
     )
@@ -666,7 +667,7 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         )
     console.print(hosts)
     if status["snapshots"]:
-        shots = Table(title="snapshots (a host behind the log's first entry starts from the newest)")
+        shots = Table(title="snapshots (a host behind the log's start installs the newest)")
         for column in ("host", "position", "partitions", "bytes", "taken"):
             shots.add_column(column, justify="left" if column in ("host", "taken") else "right")
         for s in status["snapshots"]:

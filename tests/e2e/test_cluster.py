@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import subprocess
 import sys
@@ -350,6 +351,14 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
             status = trimmed_past(1)
             assert [(s["host"], s["partitions"]) for s in status["snapshots"]] == [("a", 2)]
             assert status["snapshots"][0]["position"] >= status["log"]["first"] - 1
+            shown = subprocess.run(
+                [sys.executable, "-m", "streamtx", "cluster", "status", "--cluster", nats.urls[0]],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "COLUMNS": "200"},
+            ).stdout
+            assert "snapshots" in shown and ("so far trimmed" in shown or "positions" in shown), shown
             applied_b = next(h["applied"] for h in status["hosts"] if h["host"] == "b")
 
             b.proc.kill()  # away while the log goes on and is trimmed past where it was
