@@ -494,6 +494,7 @@ class Recovered:
     seconds: float = 0.0
     checkpointed: dict[tuple[str, str], int] = field(default_factory=dict)
     taken: dict[tuple[str, str], list[int]] = field(default_factory=dict)
+    last_ts: int = 0  # the highest timestamp whose effects the partition holds again (checkpoint or replay)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from streamtx.server.cluster.snapshots import (
     SnapshotInfo,
     pack,
     save_position,
+    saved_call,
     saved_position,
     trim_point,
 )
@@ -68,6 +69,10 @@ class Replica:
         self.host = host
         self.data_dir = Path(data_dir)
         self.applied = saved_position(self.data_dir, inputlog.stream_name, inputlog.created)
+        self._calling = saved_call(self.data_dir)  # (position, ts) of a call run past `applied`
+        self._saved: tuple[int, tuple[int, int] | None] = (self.applied, self._calling)  # as on disk
+        self._saving = threading.Lock()
+        self._past_call()
         self.read = self.applied  # the last entry started
         self.started_at = time.time()
         self._incarnation = secrets.token_hex(4)
@@ -75,8 +80,6 @@ class Replica:
         self._waiting: dict[str, asyncio.Future] = {}
         self._started: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
         self._fault: BaseException | None = None
-        self._saved = self.applied
-        self._saving = threading.Lock()
         self._checking: set[asyncio.Task] = set()
         self._sharing: asyncio.Task | None = None
         self._shared = 0  # the position of the last snapshot this host shared
@@ -186,6 +189,7 @@ class Replica:
                 )
                 while not self.front.supervisor.serving:
                     await asyncio.sleep(0.1)
+                self._past_call()
                 self._fault = None
                 self.read = self.applied
 
@@ -207,6 +211,10 @@ class Replica:
             await asyncio.wait([outcome])
         elif entry.kind in ("call", "deploy"):
             await self._drain()  # every entry before it has its outcome: it runs alone, at the same point everywhere
+            if entry.kind == "call" and self._fault is None:  # nothing deduplicates a call: say it runs
+                self._settle()
+                self._calling = (entry.seq, self.front.sequencer.last_ts + 1)
+                await asyncio.to_thread(self.save)
             request = (pb.CallRequest if entry.kind == "call" else pb.DeployRequest).FromString(entry.body)
             outcome = asyncio.ensure_future(self.service.run_logged(entry.kind, request))
             await asyncio.wait([outcome])
@@ -216,8 +224,10 @@ class Replica:
             log.event("cluster_entry_unknown", f"entry {entry.seq} of kind {entry.kind!r} skipped", level="error")
         self._started.append((entry.seq, outcome))
         outcome.add_done_callback(lambda _: self._settle())
-        if entry.kind == "call":  # no dedup mark makes a call run again a no-op: its position is saved at once
+        if entry.kind == "call" and self._calling is not None:
             self._settle()
+            if self._fault is None:  # else the fault's recovery tells whether it ran (`_past_call`)
+                self._calling = None
             await asyncio.to_thread(self.save)
         answer = self._waiting.pop(entry.origin, None)
         if answer is not None:
@@ -285,13 +295,24 @@ class Replica:
 
     # ---------------------------------------------------------------- position
     def save(self) -> None:
-        """Writes `applied` (durably: a crash leaves the old or the new one); from any thread."""
+        """Writes `applied` and a call being run (durably: a crash leaves the old or the new one); from any
+        thread."""
         with self._saving:
-            applied = self.applied
-            if applied == self._saved:
+            state = (self.applied, self._calling)
+            if state == self._saved:
                 return
-            save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, applied)
-            self._saved = applied
+            save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, *state)
+            self._saved = state
+
+    def _past_call(self) -> None:
+        """After a recovery: a call that was running counts as applied if the recovered state reaches its
+        timestamp (its record was durable), else it runs again."""
+        if self._calling is not None:
+            position, ts = self._calling
+            if self.front.recovered_ts >= ts:
+                self.applied = max(self.applied, position)
+                self.front.counters["cluster_applied"] = self.applied
+            self._calling = None
 
     # ---------------------------------------------------------------- snapshots
     def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:

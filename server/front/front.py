@@ -65,6 +65,7 @@ class Front:
         self.push_seconds = push_latency()  # admission to outcome, per pushed batch (front/metrics.py)
         self.stream_counters: collections.Counter[tuple[str, str]] = collections.Counter()  # (stream, outcome|rows)
         self.recovery_seconds = 0.0  # the last recovery's, all partitions (start-up or worker restart)
+        self.recovered_ts = 0  # the highest timestamp whose effects the last recovery brought back
         self.admission = Admission(config.max_in_flight, config.max_in_flight_bytes)
         self._stream_events: dict[str, asyncio.Event] = {}
         self._deploy_lock = asyncio.Lock()
@@ -124,6 +125,7 @@ class Front:
                 for p, info in zip(self.partitions.all, infos, strict=True)
             )
         )
+        self.recovered_ts = max((r.last_ts for r, _ in recovered), default=0)
         if startup:  # after a worker restart the front still holds what was in flight (front/supervisor.py)
             self.sequencer.holes = lost_batches([r for r, _ in recovered])
             # a migration step cut short by the crash: kept if DONE made it (front/rebalance.py)

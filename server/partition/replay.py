@@ -71,12 +71,12 @@ def recover(
     from streamtx.server.partition.dataflow import Push
 
     started = time.monotonic()
-    lsn = 0
+    lsn = last_ts = 0
     found = checkpoints / checkpoint_name(checkpoint_ts) if checkpoint_ts is not None else None
     if found is not None:
         ckpt = load_checkpoint(found)
         restore(flow.engine, ckpt, restore_into)
-        lsn = ckpt.lsn
+        lsn, last_ts = ckpt.lsn, ckpt.ts
     reader = LogReader(log_dir, READABLE) if log_dir.exists() else None
     total = reader.total(lsn + 1) if reader is not None else 0
     count = 0
@@ -89,6 +89,7 @@ def recover(
         pushes: list[Push] = []  # consecutive batches (weak) replay as one interval, as they ran
         last_report = time.monotonic()
         for count, _, record in _settled(reader.replay(lsn + 1), done, doubt):
+            last_ts = max(last_ts, record.ts)
             head, tables = decode_command(record.payload)
             for producer, stream, batch_id in _taken(record.kind, head):
                 taken.setdefault((producer, stream), []).append(batch_id)
@@ -119,7 +120,7 @@ def recover(
     if found is not None or total:
         name = found.name if found is not None else "none"
         _say(partition, f"recovered: checkpoint {name}, {count} log records, {seconds:.2f} s")
-    return pr.Recovered(lsn, count, seconds, checkpointed, taken)
+    return pr.Recovered(lsn, count, seconds, checkpointed, taken, last_ts)
 
 
 def _replay(

@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 from support.processes import Launched
 
-from streamtx import errors
+from streamtx import errors, wire
 from streamtx.client import Client
 from streamtx.server.cluster.natsd import NatsCluster
 from streamtx.v1 import streamtx_pb2 as pb
@@ -410,6 +410,40 @@ def test_a_call_runs_once_on_a_host_killed_just_after_running_it(tmp_path: Path)
             b = start_host(tmp_path, "b", nats, partitions=1)
             want = expected({1}, {3: 1000})
             wait_for([a, b], want)
+            time.sleep(1.0)  # a call run again would show by now
+            assert tables(b.target) == tables(a.target) and tables(b.target)[0] == want
+        finally:
+            a.close()
+            b.close()
+
+
+def test_a_call_whose_position_a_crash_kept_from_being_saved_is_not_run_again(tmp_path: Path) -> None:
+    """The worst moment: a host committed a call and died before saving the position past it. Its position file
+    then names the call as running (saved before it ran); its recovered state reaches the call's timestamp, so
+    the host goes on after the call instead of running it a second time."""
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                assert c.push_one("s", batch(1)).outcome == "committed"
+                params = pb.CallRequest(procedure="add_to", params=wire.params_to_proto({"g": 3, "amount": 1000}))
+                ts = a.stub.Call(params).timestamp
+                position = c.status()["counters"]["cluster_applied"]
+            want = expected({1}, {3: 1000})
+            wait_for([b], want)
+            b.proc.terminate()  # a clean stop saves the position past the call ...
+            assert b.proc.wait(30) == 0
+            saved = tmp_path / "b" / "cluster.json"
+            record = json.loads(saved.read_text())
+            assert record["applied"] == position and "calling" not in record
+            # ... which a crash just after the call's commit would have left as it was while the call ran
+            running = {"applied": position - 1, "calling": {"position": position, "ts": ts}}
+            saved.write_text(json.dumps({**record, **running}))
+            b = start_host(tmp_path, "b", nats, partitions=1)
+            with Client(b.target) as c:
+                while c.status()["counters"].get("cluster_applied", 0) < position:
+                    time.sleep(0.05)
             time.sleep(1.0)  # a call run again would show by now
             assert tables(b.target) == tables(a.target) and tables(b.target)[0] == want
         finally:
