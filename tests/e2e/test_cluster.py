@@ -390,48 +390,43 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
                 h.close()
 
 
-def test_a_call_runs_once_on_a_host_killed_just_after_running_it(tmp_path: Path) -> None:
-    """A call has no dedup mark: a host that runs it saves its log position at once (not within SAVE_EVERY), so
-    killed right after, it does not run the call again when it comes back."""
+def test_a_call_runs_once_on_a_host_that_dies_around_it(tmp_path: Path) -> None:
+    """A call has no dedup mark. A host killed just after running one has saved its position past it already
+    (not within SAVE_EVERY); and at the worst moment, the call committed and the position past it not saved, its
+    position file names the call as running and its recovered state reaches the call's timestamp. Either way the
+    host does not run the call again when it comes back."""
     with NatsCluster(tmp_path / "nats", 1) as nats:
         a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
-        try:
-            with Client(a.target, producer_id="p") as c:
-                c.deploy(SCRIPT)
-                assert c.push_one("s", batch(1)).outcome == "committed"
-                c.call("add_to", g=3, amount=1000)
+
+        def call(amount: int) -> tuple[int, int]:
+            """add_to through host a; its log position and timestamp, once host b has run it too."""
+            request = pb.CallRequest(procedure="add_to", params=wire.params_to_proto({"g": 3, "amount": amount}))
+            ts = a.stub.Call(request).timestamp
+            with Client(a.target) as c:
                 position = c.status()["counters"]["cluster_applied"]  # the call's entry: nothing came after it
             with Client(b.target) as c:
                 while c.status()["counters"].get("cluster_applied", 0) < position:
                     time.sleep(0.01)
-            time.sleep(0.05)  # well inside SAVE_EVERY (0.5 s)
-            b.proc.kill()
-            b.proc.wait()
-            b = start_host(tmp_path, "b", nats, partitions=1)
-            want = expected({1}, {3: 1000})
+            return position, ts
+
+        def converged(added: int) -> None:
+            want = expected({1}, {3: added})
             wait_for([a, b], want)
             time.sleep(1.0)  # a call run again would show by now
             assert tables(b.target) == tables(a.target) and tables(b.target)[0] == want
-        finally:
-            a.close()
-            b.close()
 
-
-def test_a_call_whose_position_a_crash_kept_from_being_saved_is_not_run_again(tmp_path: Path) -> None:
-    """The worst moment: a host committed a call and died before saving the position past it. Its position file
-    then names the call as running (saved before it ran); its recovered state reaches the call's timestamp, so
-    the host goes on after the call instead of running it a second time."""
-    with NatsCluster(tmp_path / "nats", 1) as nats:
-        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
         try:
             with Client(a.target, producer_id="p") as c:
                 c.deploy(SCRIPT)
                 assert c.push_one("s", batch(1)).outcome == "committed"
-                params = pb.CallRequest(procedure="add_to", params=wire.params_to_proto({"g": 3, "amount": 1000}))
-                ts = a.stub.Call(params).timestamp
-                position = c.status()["counters"]["cluster_applied"]
-            want = expected({1}, {3: 1000})
-            wait_for([b], want)
+            call(1000)
+            time.sleep(0.05)  # well inside SAVE_EVERY (0.5 s)
+            b.proc.kill()
+            b.proc.wait()
+            b = start_host(tmp_path, "b", nats, partitions=1)
+            converged(1000)
+
+            position, ts = call(10)
             b.proc.terminate()  # a clean stop saves the position past the call ...
             assert b.proc.wait(30) == 0
             saved = tmp_path / "b" / "cluster.json"
@@ -441,11 +436,7 @@ def test_a_call_whose_position_a_crash_kept_from_being_saved_is_not_run_again(tm
             running = {"applied": position - 1, "calling": {"position": position, "ts": ts}}
             saved.write_text(json.dumps({**record, **running}))
             b = start_host(tmp_path, "b", nats, partitions=1)
-            with Client(b.target) as c:
-                while c.status()["counters"].get("cluster_applied", 0) < position:
-                    time.sleep(0.05)
-            time.sleep(1.0)  # a call run again would show by now
-            assert tables(b.target) == tables(a.target) and tables(b.target)[0] == want
+            converged(1010)
         finally:
             a.close()
             b.close()
