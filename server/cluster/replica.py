@@ -318,8 +318,11 @@ class Replica:
     def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:
         """At a checkpoint's cut, between two entries: once written, share it and trim the log (one share at a
         time; a checkpoint cut while one is shared, or holding no entry past the one shared last, is not)."""
-        if (self._sharing is None or self._sharing.done()) and self.read > self._shared:
-            self._sharing = asyncio.get_running_loop().create_task(self._share(ts, self.read, written))
+        if self._sharing is None or self._sharing.done():
+            if self.read > self._shared:
+                self._sharing = asyncio.get_running_loop().create_task(self._share(ts, self.read, written))
+            elif self._shared:  # nothing new to share: the last trim may have been skipped
+                self._sharing = asyncio.get_running_loop().create_task(self._trim(self._shared))
 
     async def _share(self, ts: int, position: int, written: asyncio.Future[bool]) -> None:
         """`position`: the last entry admitted at the cut. After a restart it is not `ts >> TS_SHIFT`: an entry
@@ -341,15 +344,25 @@ class Replica:
                 f"checkpoint at log position {position} shared ({info.bytes:,} bytes)",
                 position=position,
             )
+        except Exception as e:  # NATS away: the next checkpoint tries again
+            log.event("cluster_snapshot_failed", f"sharing the checkpoint at {position}: {e}", level="warning")
+            return
+        finally:
+            path.unlink(missing_ok=True)
+        await self._trim(position)
+
+    async def _trim(self, position: int) -> None:
+        """Drops the log up to what the snapshot at `position` holds and every live host applied; skipped (and
+        tried again at the next checkpoint) if reading the hosts' positions took TRIM_DECIDE_S or more."""
+        try:
+            first = await self.log.first()
             asked = time.monotonic()
             through = trim_point(min(position, self.applied), await self.log.hosts(), time.time(), LIVE_WITHIN_S)
-            if through >= await self.log.first() and time.monotonic() - asked < TRIM_DECIDE_S:
+            if through >= first and time.monotonic() - asked < TRIM_DECIDE_S:
                 await self.log.trim(through)
                 log.event("cluster_log_trimmed", f"cluster log entries up to {through} dropped", position=through)
         except Exception as e:  # NATS away: the next checkpoint tries again
-            log.event("cluster_snapshot_failed", f"sharing the checkpoint at {position}: {e}", level="warning")
-        finally:
-            path.unlink(missing_ok=True)
+            log.event("cluster_trim_failed", f"trimming the cluster log up to {position}: {e}", level="warning")
 
     async def keep_position(self, address: str) -> None:
         """Saves the position and tells the cluster (`streamtx cluster status`) where this host is."""
