@@ -33,6 +33,8 @@ DURABILITIES = ("strong", "weak", "off")
 """What the command log holds (server/partition/journal.py)."""
 MAP_FILE = "partition_map.json"
 """The data directory's partition map: which partition owns each bin (server/partitioning.py)."""
+CATALOG_FILE = "catalog.json"
+"""The data directory's deployed catalog (server/front/front.py writes it at each deploy)."""
 
 
 @dataclass(frozen=True)

@@ -45,13 +45,12 @@ from streamtx.files import atomic_write
 from streamtx.recovery.checkpoint import MANIFEST, checkpoint_name
 from streamtx.recovery.log import CommandLog, fsync_dir
 from streamtx.server import log
-from streamtx.server.config import MAP_FILE
+from streamtx.server.config import CATALOG_FILE, MAP_FILE
 from streamtx.server.partition.journal import COMMAND_FORMAT
 
 POSITION_FILE = "cluster.json"
 INSTALLING = "installing.json"
 """Present while a snapshot replaces this host's state: the next start installs again."""
-CATALOG_FILE = "catalog.json"
 TRIM_DECIDE_S = 0.5
 """A host trims the log only if it read the hosts' positions less than this long before."""
 TRIM_GRACE_S = 1.5

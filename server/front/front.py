@@ -31,7 +31,7 @@ from streamtx.server.catalog.catalog import Catalog
 from streamtx.server.catalog.physical import create_statements
 from streamtx.server.catalog.placement import COORDINATED, EVENT_KEYED, KEYED
 from streamtx.server.catalog.placement import HOME as HOME_MODE
-from streamtx.server.config import ServerConfig
+from streamtx.server.config import CATALOG_FILE, ServerConfig
 from streamtx.server.front import checks, scatter
 from streamtx.server.front.admission import Admission
 from streamtx.server.front.balance import BinLoad, imbalance, per_partition, proposal
@@ -48,8 +48,6 @@ from streamtx.server.launch import Launch, launch
 from streamtx.server.loader import ProcedureLoader
 from streamtx.server.partition.migration import unmovable
 from streamtx.server.partitioning import HOME, PartitionMap
-
-CATALOG_FILE = "catalog.json"
 
 
 class Front:
