@@ -203,9 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster",
         help="cluster mode: the hosts, the input log's position and copies, and each host's lag",
         description="Reads the cluster's state from NATS itself (not from a host, so it answers while hosts are "
-        "down): the JetStream stream holding the input log (entries, last position, copies and their lag) and "
-        "every host that announced itself (the last entry it applied, how far behind the log it is, when it "
-        "was last heard from).",
+        "down): the JetStream stream holding the input log (entries, first and last position, copies and their "
+        "lag), every host that announced itself (the last entry it applied, how far behind the log it is, when "
+        "it was last heard from), and the snapshots the hosts shared (a host behind the log's start installs the "
+        "newest).",
     )
     p.add_argument(
         "verb",
