@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from streamtx.client.async_client import targets_of
 from streamtx.client.spark.rpc import Conn
 from streamtx.errors import FailedPrecondition, InvalidArgument
 
@@ -18,6 +19,7 @@ KNOWN = {
     "target",
     "stream",
     "chunk_rows",
+    "stage_copies",
     "batch_size",
     "producer_id",
     "first_batch_id",
@@ -39,6 +41,7 @@ class Options:
     target: str
     stream: str
     chunk_rows: int = 65_536
+    stage_copies: int = 1  # hosts each task stages its rows on (a commit needs one host holding every part)
     batch_size: int = 0  # batch sink: 0 = the whole DataFrame is one atomic batch
     producer_id: str = ""
     first_batch_id: int = 1
@@ -66,10 +69,16 @@ class Options:
         on_rejected = opts.get("on_rejected", "log")
         if on_rejected not in ON_REJECTED:
             raise InvalidArgument(f"streamtx: on_rejected must be one of {', '.join(ON_REJECTED)}, got {on_rejected!r}")
+        target = opts.get("target") or os.environ.get("STREAMTX_TARGET") or DEFAULT_TARGET
+        try:
+            hosts = len(targets_of(target))
+        except ValueError as e:
+            raise InvalidArgument(f"streamtx: option 'target': {e}") from None
         return cls(
-            target=opts.get("target") or os.environ.get("STREAMTX_TARGET") or DEFAULT_TARGET,
+            target=target,
             stream=stream,
             chunk_rows=_int(opts, "chunk_rows", 65_536, 1),
+            stage_copies=min(_int(opts, "stage_copies", 2, 1), hosts),
             batch_size=_int(opts, "batch_size", 0, 0),
             producer_id=opts.get("producer_id", ""),
             first_batch_id=_int(opts, "first_batch_id", 1, 1),
@@ -83,10 +92,20 @@ class Options:
             tls_key=_pem(opts, "tls_key"),
         )
 
-    def conn(self, **kwargs: float) -> Conn:
-        """A connection to the server with these options' token and TLS files (`kwargs`: Conn's timeouts)."""
+    @property
+    def targets(self) -> list[str]:
+        return targets_of(self.target)
+
+    def conn(self, target: str | None = None, **kwargs: float) -> Conn:
+        """A connection to the server (or to one `target` of several) with these options' token and TLS files
+        (`kwargs`: Conn's timeouts)."""
         return Conn(
-            self.target, token=self.token, tls_ca=self.tls_ca, tls_cert=self.tls_cert, tls_key=self.tls_key, **kwargs
+            target or self.target,
+            token=self.token,
+            tls_ca=self.tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            **kwargs,
         )
 
 

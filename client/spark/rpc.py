@@ -72,6 +72,14 @@ class Conn:
         self._open(target)
         return wrapped
 
+    def ready(self, timeout_s: float) -> bool:
+        """Whether the first target accepts a connection within `timeout_s`."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+
     def close(self) -> None:
         self.channel.close()
 

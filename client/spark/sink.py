@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -26,21 +27,29 @@ from pyspark.sql.types import StructType
 from streamtx.client.spark.options import Options, query_id_from_checkpoint, read_schema
 from streamtx.client.spark.rpc import Conn, ack_text
 from streamtx.client.spark.schema import column_map, conform_batch
-from streamtx.errors import Aborted, FailedPrecondition, InvalidArgument
+from streamtx.errors import Aborted, FailedPrecondition, InvalidArgument, StreamTxError, Unavailable
 from streamtx.v1 import streamtx_pb2 as pb
 
 QUERY_ID_KEY = "sql.streaming.queryId"  # Spark's local properties of a micro-batch's tasks
 BATCH_ID_KEY = "streaming.sql.batchId"
-IN_FLIGHT = 2  # Stage calls a task keeps in flight (overlaps encoding with the server's work)
+IN_FLIGHT = 2  # Stage calls a task keeps in flight per host (overlaps encoding with the server's work)
+CONNECT_S = 2.0
+"""Seconds a task waits for one of several hosts to accept a connection before it stages on the next."""
+COPY_RETRY_S = 5.0
+"""Seconds a call to one of several hosts is retried before the task fails (Spark then runs it again, on the hosts
+that answer) or the commit moves to the next host holding every part."""
+T = TypeVar("T")
 
 
 @dataclass
 class Staged(WriterCommitMessage):
-    """What one task attempt staged: the parts it wrote, each (staging id, part, chunks, rows)."""
+    """What one task attempt staged: the parts it wrote, each (staging id, part, chunks, rows), and the hosts
+    holding a copy of each."""
 
     partition: int
     parts: list[tuple[str, str, int, int]]
     query_id: str = ""
+    hosts: tuple[str, ...] = ()
 
 
 class _Validated:
@@ -64,8 +73,62 @@ class _Validated:
     def conn(self) -> Conn:
         return self.opts.conn(timeout_s=self.opts.timeout_s)
 
-    def stage(self, conn: Conn, staging_id: str, part: str, batches: Iterator[pa.RecordBatch]) -> tuple[int, int]:
-        """Stages record batches as chunks of `chunk_rows` rows, a few in flight; returns (chunks, rows)."""
+    def staging_conns(self) -> list[Conn]:
+        """The hosts this task stages on: with several targets, the first `stage_copies` that accept a
+        connection, each called without moving to another (a part must be whole where it is staged)."""
+        targets = self.opts.targets
+        if len(targets) == 1:
+            return [self.conn()]
+        chosen: list[Conn] = []
+        for target in targets:
+            conn = self.opts.conn(target, timeout_s=self.opts.timeout_s, retry_for_s=COPY_RETRY_S)
+            if not conn.ready(CONNECT_S):
+                conn.close()
+                continue
+            chosen.append(conn)
+            if len(chosen) == self.opts.stage_copies:
+                return chosen
+        if not chosen:
+            raise Unavailable(f"streamtx: no host of {self.opts.target} accepts a connection")
+        return chosen
+
+    def on_a_holder(self, staged: list[Staged], call: Callable[[Conn], T]) -> T:
+        """`call` (a commit) on a host holding a copy of every staged part: the first in target order that
+        answers and does not lack a part (one that restarted lost what it held); the other copies are dropped
+        after. Without such a host, on the targets as any call (which fails if a part is missing)."""
+        holders = [t for t in self.opts.targets if staged and all(t in m.hosts for m in staged)]
+        if not holders:
+            with self.conn() as conn:
+                return call(conn)
+        failed: StreamTxError | None = None
+        for host in holders:
+            with self.opts.conn(host, timeout_s=self.opts.timeout_s, retry_for_s=COPY_RETRY_S) as conn:
+                try:
+                    result = call(conn)
+                except (Unavailable, FailedPrecondition) as e:
+                    failed = e
+                    continue
+            self.drop_copies(staged, keep=host)
+            return result
+        assert failed is not None
+        raise failed
+
+    def drop_copies(self, staged: list[Staged], keep: str) -> None:
+        """Frees the copies a commit did not use (best effort: whatever is left expires)."""
+        ids = sorted({sid for m in staged for sid, *_ in m.parts})
+        for host in sorted({h for m in staged for h in m.hosts} - {keep}):
+            try:
+                with self.opts.conn(host, timeout_s=CONNECT_S, retry_for_s=0.0) as conn:
+                    for staging_id in ids:
+                        conn.abort(self.opts.stream, staging_id)
+            except StreamTxError:
+                pass
+
+    def stage(
+        self, conns: list[Conn], staging_id: str, part: str, batches: Iterator[pa.RecordBatch]
+    ) -> tuple[int, int]:
+        """Stages record batches as chunks of `chunk_rows` rows on every host of `conns`, a few in flight;
+        returns (chunks, rows)."""
         schema = read_schema(self.stream_schema_bytes)
         chunk_rows = self.opts.chunk_rows
         pending: list = []
@@ -76,12 +139,14 @@ class _Validated:
             nonlocal buffered, chunks
             if not buf:
                 return
-            pending.append(conn.stage_future(self.opts.stream, staging_id, part, chunks, pa.Table.from_batches(buf)))
+            table = pa.Table.from_batches(buf)
+            pending.extend((c, c.stage_future(self.opts.stream, staging_id, part, chunks, table)) for c in conns)
             chunks += 1
             buf.clear()
             buffered = 0
-            if len(pending) > IN_FLIGHT:
-                conn.finish_stage(pending.pop(0))
+            while len(pending) > IN_FLIGHT * len(conns):
+                conn, started = pending.pop(0)
+                conn.finish_stage(started)
 
         for batch in batches:
             if batch.num_rows == 0:
@@ -96,7 +161,7 @@ class _Validated:
                 if buffered >= chunk_rows:
                     flush()
         flush()
-        for started in pending:
+        for conn, started in pending:
             conn.finish_stage(started)
         return chunks, rows
 
@@ -127,9 +192,14 @@ class StreamSinkWriter(_Validated, DataSourceStreamArrowWriter):
             raise FailedPrecondition("streamtx: the stream sink runs only inside a streaming query's micro-batch")
         staging_id = f"{query_id}/{micro_batch}"
         part = _part_name(tc)
-        with self.conn() as conn:
-            chunks, rows = self.stage(conn, staging_id, part, iterator)
-        return Staged(partition=tc.partitionId(), parts=[(staging_id, part, chunks, rows)], query_id=query_id)
+        conns = self.staging_conns()
+        try:
+            chunks, rows = self.stage(conns, staging_id, part, iterator)
+        finally:
+            for conn in conns:
+                conn.close()
+        hosts = tuple(c.target for c in conns)
+        return Staged(tc.partitionId(), [(staging_id, part, chunks, rows)], query_id, hosts)
 
     def _query_id(self, messages: list[WriterCommitMessage | None]) -> str:
         for m in messages:
@@ -143,8 +213,9 @@ class StreamSinkWriter(_Validated, DataSourceStreamArrowWriter):
         staged = sorted((m for m in messages if isinstance(m, Staged)), key=lambda m: m.partition)
         parts = [(p, c, r) for m in staged for sid, p, c, r in m.parts if sid == staging_id]
         producer = self.opts.producer_id or f"spark-{query_id}"
-        with self.conn() as conn:
-            ack = conn.commit(self.opts.stream, staging_id, producer, batchId + 1, parts)
+        ack = self.on_a_holder(
+            staged, lambda conn: conn.commit(self.opts.stream, staging_id, producer, batchId + 1, parts)
+        )
         self.report(ack, f"micro-batch {batchId} (batch {batchId + 1} of {producer})")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
@@ -152,6 +223,8 @@ class StreamSinkWriter(_Validated, DataSourceStreamArrowWriter):
             query_id = self._query_id(messages)
         except FailedPrecondition:
             return  # nothing named: whatever was staged expires
+        staged = [m for m in messages if isinstance(m, Staged)]
+        self.drop_copies(staged, keep="")
         with self.conn() as conn:
             conn.abort(self.opts.stream, f"{query_id}/{batchId}")
 
@@ -169,34 +242,44 @@ class BatchSinkWriter(_Validated, DataSourceArrowWriter):
         tc = TaskContext.get()
         part = _part_name(tc)
         size = self.opts.batch_size
-        with self.conn() as conn:
+        conns = self.staging_conns()
+        hosts = tuple(c.target for c in conns)
+        try:
             if size == 0:
-                chunks, rows = self.stage(conn, self.job, part, iterator)
-                return Staged(partition=tc.partitionId(), parts=[(self.job, part, chunks, rows)])
+                chunks, rows = self.stage(conns, self.job, part, iterator)
+                return Staged(tc.partitionId(), [(self.job, part, chunks, rows)], hosts=hosts)
             parts = []
             for i, piece in enumerate(_split(iterator, size)):
                 staging_id = f"{self.job}/{tc.partitionId()}/{i}"
-                chunks, rows = self.stage(conn, staging_id, part, iter(piece))
+                chunks, rows = self.stage(conns, staging_id, part, iter(piece))
                 parts.append((staging_id, part, chunks, rows))
-        return Staged(partition=tc.partitionId(), parts=parts)
+        finally:
+            for conn in conns:
+                conn.close()
+        return Staged(tc.partitionId(), parts, hosts=hosts)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         staged = sorted((m for m in messages if isinstance(m, Staged)), key=lambda m: m.partition)
+        self.on_a_holder(staged, lambda conn: self._commit_all(conn, staged))
+
+    def _commit_all(self, conn: Conn, staged: list[Staged]) -> None:
+        """Every batch, in order (run again on another host, those committed already are DUPLICATE)."""
         batch_id = self.opts.first_batch_id
-        with self.conn() as conn:
-            if self.opts.batch_size == 0:
-                parts = [(p, c, r) for m in staged for _, p, c, r in m.parts]
-                ack = conn.commit(self.opts.stream, self.job, self.producer, batch_id, parts)
+        if self.opts.batch_size == 0:
+            parts = [(p, c, r) for m in staged for _, p, c, r in m.parts]
+            ack = conn.commit(self.opts.stream, self.job, self.producer, batch_id, parts)
+            self.report(ack, f"batch {batch_id} of {self.producer}")
+            return
+        for m in staged:
+            for staging_id, p, c, r in m.parts:
+                ack = conn.commit(self.opts.stream, staging_id, self.producer, batch_id, [(p, c, r)])
                 self.report(ack, f"batch {batch_id} of {self.producer}")
-                return
-            for m in staged:
-                for staging_id, p, c, r in m.parts:
-                    ack = conn.commit(self.opts.stream, staging_id, self.producer, batch_id, [(p, c, r)])
-                    self.report(ack, f"batch {batch_id} of {self.producer}")
-                    batch_id += 1
+                batch_id += 1
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        ids = {self.job} | {sid for m in messages if isinstance(m, Staged) for sid, *_ in m.parts}
+        staged = [m for m in messages if isinstance(m, Staged)]
+        self.drop_copies(staged, keep="")
+        ids = {self.job} | {sid for m in staged for sid, *_ in m.parts}
         with self.conn() as conn:
             for staging_id in sorted(ids):
                 conn.abort(self.opts.stream, staging_id)

@@ -62,13 +62,22 @@ def counter(c: Client, name: str) -> int:
 
 
 def start_query(
-    spark, src: Path, ckpt: Path, target: str, stream: str, fail_marker: Path | None = None, kill_pid: int = 0
+    spark,
+    src: Path,
+    ckpt: Path,
+    target: str,
+    stream: str,
+    fail_marker: Path | None = None,
+    kill_pid: int = 0,
+    **options: str,
 ):
     df = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(src))
     w = df.writeStream.format("streamtx")
     if fail_marker is not None:
         w = df.writeStream.format("streamtx_flaky").option("fail_marker", str(fail_marker))
         w = w.option("kill_pid", str(kill_pid))
+    for key, value in options.items():
+        w = w.option(key, value)
     return (
         w.option("target", target)
         .option("stream", stream)
@@ -230,11 +239,18 @@ def test_stream_sink_rides_through_three_worker_deaths_exactly_once(spark, tmp_p
         assert counter(c, "restarts") == 3
 
 
-def test_stream_sink_to_a_cluster_goes_on_on_another_host_when_its_host_dies(spark, tmp_path):
-    """Cluster mode: the query names two hosts; the one it writes to is SIGKILLed by the task writing micro-batch
-    1, once its first chunks are staged there. The rest of that task goes to the other host, whose staging lacks
-    the first chunks, so the micro-batch's commit fails and the query stops; restarted from its checkpoint (as a
-    supervisor does), it writes the micro-batch again, same batch id, to the other host. Each row lands once."""
+@pytest.mark.parametrize(
+    ("when", "copies", "rides_through"),
+    [("mid_task", "1", True), ("before_commit", "2", True), ("before_commit", "1", False)],
+)
+def test_stream_sink_to_a_cluster_goes_on_on_another_host_when_its_host_dies(
+    spark, tmp_path, when, copies, rides_through
+):
+    """Cluster mode: the query names two hosts; the first, where tasks stage, is SIGKILLed by the task writing
+    micro-batch 1. Mid-task (its first chunks staged): its next chunk cannot reach that host, the task fails and
+    Spark runs it again, on the host left. Once the task staged everything, before the commit: the commit goes to
+    the other host, which holds a copy of every part with `stage_copies` 2 (the default); with 1 it holds none,
+    the commit fails and the query stops, until restarted from its checkpoint. Each row lands once."""
     from pyspark.errors import StreamingQueryException
     from support.processes import Launched
 
@@ -250,13 +266,19 @@ def test_stream_sink_to_a_cluster_goes_on_on_another_host_when_its_host_dies(spa
             with Client(a.target) as c:
                 c.deploy(counting_app(p))  # through the log: b has it too
             target = f"{a.target},{b.target}"
-            q = start_query(spark, src, ckpt, target, f"{p}_in", fail_marker=marker, kill_pid=a.proc.pid)
-            with pytest.raises(StreamingQueryException, match=r"lacks chunk\(s\) 0\b"):  # staged on the dead host
+            options = {"stage_copies": copies, "kill_after_write": str(when == "before_commit").lower()}
+            q = start_query(spark, src, ckpt, target, f"{p}_in", fail_marker=marker, kill_pid=a.proc.pid, **options)
+            if rides_through:
                 q.processAllAvailable()
+                assert q.isActive and q.exception() is None
+                q.stop()
+            else:
+                with pytest.raises(StreamingQueryException, match="unreachable"):
+                    q.processAllAvailable()
+                q = start_query(spark, src, ckpt, target, f"{p}_in", stage_copies=copies)
+                q.processAllAvailable()
+                q.stop()
             assert marker.exists() and a.proc.wait(10) == -signal.SIGKILL
-            q = start_query(spark, src, ckpt, target, f"{p}_in")
-            q.processAllAvailable()
-            q.stop()
             with Client(b.target) as c:
                 assert tables(c, p) == (expected_totals(rows), len(rows), len(rows))
         finally:

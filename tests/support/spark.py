@@ -62,9 +62,17 @@ class FlakyStreamWriter(StreamSinkWriter):
 
     marker = ""
     kill_pid = 0
+    kill_after_write = False  # SIGKILL `kill_pid` once the task has staged every chunk, before the commit
 
     def write(self, iterator):
-        return super().write(self._break_once(iterator))
+        if not self.kill_after_write:
+            return super().write(self._break_once(iterator))
+        staged = super().write(iterator)
+        tc = TaskContext.get()
+        if tc.getLocalProperty("streaming.sql.batchId") == "1" and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            os.kill(self.kill_pid, signal.SIGKILL)
+        return staged
 
     def _break_once(self, iterator):
         tc = TaskContext.get()
@@ -83,7 +91,7 @@ class FlakyStreamWriter(StreamSinkWriter):
 
 class FlakyDataSource(StreamTxDataSource):
     """`format("streamtx_flaky")`: streamtx with option fail_marker (a file created on the failure) and, to
-    kill a process instead of failing, kill_pid."""
+    kill a process instead of failing, kill_pid (and kill_after_write, to kill it once the task staged all)."""
 
     @classmethod
     def name(cls) -> str:
@@ -92,8 +100,9 @@ class FlakyDataSource(StreamTxDataSource):
     def streamWriter(self, schema, overwrite):  # noqa: N802
         opts = dict(self.options)
         marker, kill_pid = opts.pop("fail_marker"), int(opts.pop("kill_pid", 0))
+        after = opts.pop("kill_after_write", "") == "true"
         writer = FlakyStreamWriter(opts, schema, overwrite)
-        writer.marker, writer.kill_pid = marker, kill_pid
+        writer.marker, writer.kill_pid, writer.kill_after_write = marker, kill_pid, after
         return writer
 
 

@@ -26,6 +26,17 @@ def test_options_parse_and_refuse():
         Options.parse({"stream": "s", "chunk_rows": "0"})
     with pytest.raises(InvalidArgument, match="on_rejected must be one of fail, log"):
         Options.parse({"stream": "s", "on_rejected": "ignore"})
+    with pytest.raises(InvalidArgument, match="option 'target': .*no HOST:PORT"):
+        Options.parse({"stream": "s", "target": " , "})
+    with pytest.raises(InvalidArgument, match="'stage_copies' must be >= 1"):
+        Options.parse({"stream": "s", "stage_copies": "0"})
+
+
+def test_rows_are_staged_on_two_hosts_of_several_by_default():
+    assert Options.parse({"stream": "s", "target": "h:1"}).stage_copies == 1
+    assert Options.parse({"stream": "s", "target": "h:1,h:2,h:3"}).stage_copies == 2
+    assert Options.parse({"stream": "s", "target": "h:1,h:2", "stage_copies": "5"}).stage_copies == 2
+    assert Options.parse({"stream": "s", "target": "h:1,h:2,h:3", "stage_copies": "1"}).stage_copies == 1
 
 
 @pytest.mark.parametrize(
