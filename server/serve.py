@@ -108,6 +108,7 @@ class Server:
             self._cluster_tasks = [
                 asyncio.create_task(self.replica.run()),
                 asyncio.create_task(self.replica.keep_position(address)),
+                asyncio.create_task(self.replica.log.hear_hosts(self.replica.heard)),
             ]
         (Path(self.config.data_dir) / "port").write_text(f"{self.port}\n")  # last: the server is up
 

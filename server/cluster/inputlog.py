@@ -51,7 +51,31 @@ SNAPSHOTS_BUCKET = "streamtx_snapshots"
 """A JetStream object store where each host keeps its newest checkpoint (cluster/snapshots.py), object
 `<cluster>.<host>`."""
 LIVE_WITHIN_S = 10.0
-"""A host heard from within this many seconds is expected to put its digest at a `verify` entry."""
+"""A host heard from within this many seconds is live: it holds the log's trimming back, and is expected to put
+its digest at a `verify` entry."""
+QUIET_S = 5.0
+"""Seconds without any host's announcement after which a watch of them is taken for stale and started again
+(the watching host itself announces every second)."""
+
+
+class Heard:
+    """When this process last heard each host announce itself, on its own monotonic clock.
+
+    How far the log may be trimmed depends on which hosts are live; counted
+    so, it needs no two hosts' clocks to agree. Every host already announced
+    when a watch starts counts as heard then, so none is taken for gone
+    before it has had `LIVE_WITHIN_S` seconds to speak.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+
+    def saw(self, host: str, at: float | None = None) -> None:
+        self._at[host] = time.monotonic() if at is None else at
+
+    def live(self, within: float = LIVE_WITHIN_S, now: float | None = None) -> set[str]:
+        now = time.monotonic() if now is None else now
+        return {h for h, at in self._at.items() if now - at < within}
 
 
 @dataclass(frozen=True)
@@ -319,6 +343,31 @@ class InputLog:
 
     async def announce(self, host: str, record: dict[str, Any]) -> None:
         await self._hosts.put(f"{self.name}.{host}", json.dumps(record).encode())
+
+    async def hear_hosts(self, heard: Heard) -> None:
+        """Tells `heard` of every host's announcement as it arrives, until cancelled; a watch that breaks, or
+        hears nothing for QUIET_S seconds, is started again."""
+        prefix = f"{self.name}."
+        while True:
+            watcher = None
+            try:
+                watcher = await self._hosts.watch(f"{prefix}>")
+                while True:
+                    entry = await watcher.updates(timeout=QUIET_S)
+                    if entry is not None and entry.operation is None and entry.key.startswith(prefix):
+                        heard.saw(entry.key[len(prefix) :])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # quiet (nats TimeoutError) or NATS away: watch again
+                if not isinstance(e, nats.errors.TimeoutError):
+                    log.event("cluster_watch_failed", f"watching the hosts' announcements: {e}", level="warning")
+                await asyncio.sleep(1.0)
+            finally:
+                if watcher is not None:
+                    try:
+                        await watcher.stop()
+                    except Exception:  # the connection is gone with it
+                        pass
 
     async def hosts(self) -> dict[str, dict[str, Any]]:
         """What each host of this cluster last said of itself (`announce`), by host."""

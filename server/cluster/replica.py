@@ -33,7 +33,7 @@ from typing import Any
 from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailable
 from streamtx.server import log
 from streamtx.server.cluster.digest import differences, digest
-from streamtx.server.cluster.inputlog import LIVE_WITHIN_S, Entry, InputLog
+from streamtx.server.cluster.inputlog import Entry, Heard, InputLog
 from streamtx.server.cluster.snapshots import (
     TRIM_DECIDE_S,
     SnapshotInfo,
@@ -84,6 +84,7 @@ class Replica:
         self._sharing: asyncio.Task | None = None
         self._shared = 0  # the position of the last snapshot this host shared
         self.failure: str | None = None  # why this host cannot go on with the log
+        self.heard = Heard()  # fed by `InputLog.hear_hosts`, run beside `run`
         self.on_fatal: Callable[[], None] = lambda: None
         inputlog.on_disconnect.append(self._appends_lost)
         self.front.on_checkpoint.append(self._checkpointed)
@@ -353,11 +354,15 @@ class Replica:
 
     async def _trim(self, position: int) -> None:
         """Drops the log up to what the snapshot at `position` holds and every live host applied; skipped (and
-        tried again at the next checkpoint) if reading the hosts' positions took TRIM_DECIDE_S or more."""
+        tried again at the next checkpoint) if reading the hosts' positions took TRIM_DECIDE_S or more, or this
+        host has not heard its own announcements lately."""
         try:
             first = await self.log.first()
             asked = time.monotonic()
-            through = trim_point(min(position, self.applied), await self.log.hosts(), time.time(), LIVE_WITHIN_S)
+            hosts, live = await self.log.hosts(), self.heard.live()
+            if self.host not in live:  # its own announcements do not reach it: what it heard of the others is stale
+                return
+            through = trim_point(min(position, self.applied), hosts, live)
             if through >= first and time.monotonic() - asked < TRIM_DECIDE_S:
                 await self.log.trim(through)
                 log.event("cluster_log_trimmed", f"cluster log entries up to {through} dropped", position=through)

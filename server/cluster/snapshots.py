@@ -244,10 +244,9 @@ async def _install_newest(inputlog: Any, data_dir: Path, host: str, partitions: 
     return newest.position
 
 
-def trim_point(own: int, hosts: dict[str, dict[str, Any]], now: float, live_within: float) -> int:
+def trim_point(own: int, hosts: dict[str, dict[str, Any]], live: set[str]) -> int:
     """The last entry the log may drop: one this host's snapshot holds (`own`) and every live host applied.
 
-    A host not heard from within `live_within` seconds does not hold the log back: if it comes back behind
-    the log's start it installs a snapshot."""
-    live = [int(r.get("applied", 0)) for r in hosts.values() if now - float(r.get("time", 0)) < live_within]
-    return min([own, *live])
+    A host not heard from lately (not in `live`) does not hold the log back: if it comes back behind the
+    log's start it installs a snapshot."""
+    return min([own, *(int(r.get("applied", 0)) for h, r in hosts.items() if h in live)])

@@ -11,6 +11,7 @@ import pytest
 from streamtx.errors import FailedPrecondition
 from streamtx.recovery.checkpoint import checkpoint_name
 from streamtx.recovery.log import LogReader
+from streamtx.server.cluster.inputlog import Heard
 from streamtx.server.cluster.snapshots import (
     INSTALLING,
     SnapshotInfo,
@@ -101,15 +102,20 @@ def test_a_host_installs_when_the_log_lost_what_it_needs_or_an_install_was_cut_s
 
 
 def test_the_log_is_trimmed_only_below_what_the_snapshot_holds_and_every_live_host_applied() -> None:
-    hosts = {
-        "a": {"applied": 90, "time": 100.0},
-        "b": {"applied": 60, "time": 99.0},
-        "c": {"applied": 10, "time": 50.0},  # not heard from for 50 s: does not hold the log back
+    heard = Heard()
+    heard.saw("a", at=100.0)
+    heard.saw("b", at=99.0)
+    heard.saw("c", at=50.0)  # not heard from for 50 s: does not hold the log back
+    hosts = {  # the wall-clock times the hosts wrote, their clocks skewed, count for nothing
+        "a": {"applied": 90, "time": 5.0},
+        "b": {"applied": 60, "time": 1e12},
+        "c": {"applied": 10, "time": 1e12},
     }
-    assert trim_point(80, hosts, now=100.0, live_within=10.0) == 60
-    assert trim_point(40, hosts, now=100.0, live_within=10.0) == 40
-    assert trim_point(80, hosts, now=100.0, live_within=60.0) == 10
-    assert trim_point(80, {}, now=100.0, live_within=10.0) == 80
+    assert heard.live(10.0, now=100.0) == {"a", "b"} and heard.live(60.0, now=100.0) == {"a", "b", "c"}
+    assert trim_point(80, hosts, heard.live(10.0, now=100.0)) == 60
+    assert trim_point(40, hosts, heard.live(10.0, now=100.0)) == 40
+    assert trim_point(80, hosts, heard.live(60.0, now=100.0)) == 10
+    assert trim_point(80, {}, heard.live(10.0, now=100.0)) == 80
 
 
 def test_a_host_that_finds_entries_missing_from_the_log_stops_instead_of_skipping_them() -> None:
