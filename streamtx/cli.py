@@ -648,6 +648,9 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     else:
         held = f"0 (the {info['last']:,} so far trimmed)" if info["last"] else "0"
     summary.add_row("entries", held)
+    beside = info.get("beside", {})
+    if beside.get("bodies"):
+        summary.add_row("bodies beside the log", f"{beside['bodies']:,} ({beside['bytes']:,} bytes)")
     copies = ", ".join(
         f"{c['name']}{' (leader)' if c['leader'] else ''}{'' if c['current'] else ' behind'}" for c in info["copies"]
     )

@@ -8,7 +8,13 @@ its own reading of the log reaches it, as every other host does
 it); nothing of that is done here.
 
 An entry is the request as its client sent it (protobuf bytes) with two
-headers: its kind and, for the host waiting to answer it, its origin.
+headers: its kind and, for the host waiting to answer it, its origin. A
+request larger than a NATS message (`max_payload`) goes beside the log: its
+bytes are stored whole in a JetStream object store first (`ENTRIES_BUCKET`,
+replicated like the log, SHA-256 checked on reading), then an entry naming
+the object is appended, so it lands at one position like any other; every
+host reads the object when it reaches the entry. Trimming the log deletes
+the objects of the entries it drops.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -27,7 +34,7 @@ from nats.errors import OutboundBufferLimitError
 from nats.js import api
 from nats.js.errors import NotFoundError
 
-from streamtx.errors import FailedPrecondition, ResourceExhausted, Unavailable
+from streamtx.errors import FailedPrecondition, Unavailable
 from streamtx.server import log
 from streamtx.server.cluster.snapshots import SnapshotInfo
 
@@ -39,7 +46,11 @@ ACK_TIMEOUT = 5.0
 """Seconds JetStream has to acknowledge an append; past that the append counts as failed."""
 HEADROOM = 512
 """Bytes an entry's headers and subject may take beside its body."""
-KIND, ORIGIN = "Streamtx-Kind", "Streamtx-Origin"
+KIND, ORIGIN, BODY = "Streamtx-Kind", "Streamtx-Origin", "Streamtx-Body"
+"""Headers of an entry: its kind, its origin, and the object holding its body when it is not in the entry."""
+ENTRIES_BUCKET = "streamtx_entries"
+"""A JetStream object store holding the bodies of entries too large for a NATS message, object
+`<cluster>.<origin>`."""
 HOSTS_BUCKET = "streamtx_hosts"
 """A KV bucket where each host says how far it has applied the log (`streamtx cluster status`), key
 `<cluster>.<host>`."""
@@ -78,6 +89,11 @@ class Heard:
         return {h for h, at in self._at.items() if now - at < within}
 
 
+class LogGap(Exception):
+    """The log skipped entries this host has not applied, or lost a body beside it: it was trimmed past this
+    host's position."""
+
+
 @dataclass(frozen=True)
 class Entry:
     seq: int  # the entry's position in the log, from 1
@@ -99,6 +115,8 @@ class InputLog:
         self._hosts: Any = None
         self._checks: Any = None
         self._snapshots: Any = None
+        self._bodies: Any = None
+        self._beside: dict[int, str] = {}  # position -> object, of the entries read whose body is beside the log
         self.created = ""  # when JetStream created the log: a log deleted and made anew has other positions
         self.on_disconnect: list[Callable[[], None]] = []
         """Called when the connection to NATS breaks: appends not yet acknowledged may be lost."""
@@ -183,11 +201,15 @@ class InputLog:
         self._checks = await self._bucket(
             api.KeyValueConfig(bucket=CHECKS_BUCKET, history=1, replicas=self.replicas, ttl=CHECKS_KEPT_S)
         )
+        self._snapshots = await self._object_store(SNAPSHOTS_BUCKET)
+        self._bodies = await self._object_store(ENTRIES_BUCKET)
+
+    async def _object_store(self, bucket: str) -> Any:
         try:
-            self._snapshots = await self._js.object_store(SNAPSHOTS_BUCKET)
+            return await self._js.object_store(bucket)
         except Exception:
             config = api.ObjectStoreConfig(replicas=self.replicas, storage=api.StorageType.FILE)
-            self._snapshots = await self._js.create_object_store(SNAPSHOTS_BUCKET, config=config)
+            return await self._js.create_object_store(bucket, config=config)
 
     async def _bucket(self, config: api.KeyValueConfig) -> Any:
         try:
@@ -205,15 +227,40 @@ class InputLog:
         return int(self._nc.max_payload) - HEADROOM
 
     async def append(self, kind: str, body: bytes, origin: str) -> asyncio.Future:
-        """Queues the entry on the connection (in call order); the future is JetStream's acknowledgement."""
+        """Queues the entry on the connection (in call order); the future is JetStream's acknowledgement. A body
+        too large for one entry is stored beside the log first (the call returns once it is)."""
         if kind not in KINDS:
             raise ValueError(f"cluster log: no entry kind {kind!r} (kinds: {', '.join(KINDS)})")
+        headers = {KIND: kind, ORIGIN: origin}
         if len(body) > self.max_entry_bytes:
-            raise ResourceExhausted(
-                f"cluster log {self.stream_name}: a {kind} of {len(body):,} bytes does not fit in one entry: the NATS "
-                f"servers take messages of {self._nc.max_payload:,} bytes at most (their max_payload); push smaller "
-                "batches, or raise max_payload in the NATS configuration (up to 64 MB)"
-            )
+            headers[BODY] = await self._put_body(body, origin)
+            body = b""
+        try:
+            return await self._publish(body, headers)
+        except Unavailable:
+            if BODY in headers:  # not appended: nothing will read it
+                await self._drop_bodies([headers[BODY]])
+            raise
+
+    async def _put_body(self, body: bytes, origin: str) -> str:
+        name = f"{self.name}.{origin or secrets.token_hex(8)}"
+        try:
+            await self._bodies.put(name, body)
+        except Exception as e:
+            raise Unavailable(
+                f"cluster log {self.stream_name}: cannot store a body of {len(body):,} bytes beside the log: "
+                f"{type(e).__name__}: {e}"
+            ) from None
+        return name
+
+    async def _drop_bodies(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                await self._bodies.delete(name)
+            except Exception as e:  # gone already (another host trimmed too), or NATS away: left behind
+                log.event("cluster_body_kept", f"entry body {name} not deleted: {e}", level="debug")
+
+    async def _publish(self, body: bytes, headers: dict[str, str]) -> asyncio.Future:
         deadline = time.monotonic() + RECONNECT_WAIT
         if not self._writable.is_set():
             try:
@@ -225,9 +272,7 @@ class InputLog:
                 ) from None
         while True:
             try:
-                acked = await self._js.publish_async(
-                    self.subject, body, wait_stall=5.0, headers={KIND: kind, ORIGIN: origin}
-                )
+                acked = await self._js.publish_async(self.subject, body, wait_stall=5.0, headers=headers)
             except OutboundBufferLimitError:  # reconnecting, its buffer full: nothing was sent, so wait and resend
                 if time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
@@ -271,10 +316,28 @@ class InputLog:
         sub = await self._js.subscribe(self.subject, ordered_consumer=True, config=config, idle_heartbeat=2.0)
         try:
             async for msg in sub.messages:
-                headers = msg.headers or {}
-                yield Entry(msg.metadata.sequence.stream, headers.get(KIND, ""), headers.get(ORIGIN, ""), msg.data)
+                headers, seq, body = msg.headers or {}, msg.metadata.sequence.stream, msg.data
+                if BODY in headers:
+                    body = await self._body(seq, headers[BODY])
+                yield Entry(seq, headers.get(KIND, ""), headers.get(ORIGIN, ""), body)
         finally:
             await sub.unsubscribe()
+
+    async def _body(self, seq: int, name: str) -> bytes:
+        """The body of the entry at `seq`, stored beside the log (waiting while NATS is away)."""
+        while True:
+            try:
+                body = (await self._bodies.get(name)).data
+                self._beside[seq] = name
+                return body
+            except NotFoundError:
+                raise LogGap(
+                    f"the body of cluster log entry {seq} ({name}) is gone: the log was trimmed past it while this "
+                    "host was not heard from; restart it: it then installs the newest snapshot"
+                ) from None
+            except Exception as e:
+                log.event("cluster_body_failed", f"reading the body of entry {seq}: {e}", level="warning")
+                await asyncio.sleep(1.0)
 
     async def status(self) -> dict[str, Any]:
         """The log, every host that announced itself (with how far behind the log's end it is), and the hosts'
@@ -285,7 +348,17 @@ class InputLog:
             record["lag"] = max(info["last"] - int(record.get("applied", 0)), 0)
             record["seen_seconds_ago"] = round(max(now - float(record.get("time", now)), 0.0), 1)
         snapshots = sorted(await self.snapshots(), key=lambda i: i.host)
+        bodies = await self._objects(self._bodies)
+        info["beside"] = {"bodies": len(bodies), "bytes": sum(o.size or 0 for o in bodies)}
         return {"log": info, "hosts": [hosts[h] for h in sorted(hosts)], "snapshots": [vars(i) for i in snapshots]}
+
+    async def _objects(self, store: Any) -> list[Any]:
+        """This cluster's objects in `store` (its names start `<cluster>.`)."""
+        try:
+            objects = await store.list()
+        except Exception:  # nats-py raises NotFoundError for an empty store
+            return []
+        return [o for o in objects if o.name.startswith(f"{self.name}.") and not o.deleted]
 
     async def info(self) -> dict[str, Any]:
         """The log's position and its copies: last entry, bytes, leader and replicas with their lag."""
@@ -312,8 +385,11 @@ class InputLog:
         return max(int(info.state.first_seq), 1)
 
     async def trim(self, through: int) -> None:
-        """Drops every entry up to position `through` (a no-op for entries dropped already)."""
+        """Drops every entry up to position `through` (a no-op for entries dropped already), and the bodies
+        beside the log of those this host read."""
         await self._js.purge_stream(self.stream_name, seq=through + 1)
+        dropped = sorted(seq for seq in self._beside if seq <= through)
+        await self._drop_bodies([self._beside.pop(seq) for seq in dropped])
 
     async def put_snapshot(self, info: SnapshotInfo, path: Path) -> None:
         """Stores the file at `path` as `info.host`'s snapshot, replacing its previous one."""
@@ -323,16 +399,7 @@ class InputLog:
 
     async def snapshots(self) -> list[SnapshotInfo]:
         """Every host's stored snapshot of this cluster."""
-        try:
-            objects = await self._snapshots.list()
-        except Exception:  # nats-py raises NotFoundError for an empty store
-            return []
-        prefix = f"{self.name}."
-        return [
-            SnapshotInfo.from_json(o.description)
-            for o in objects
-            if o.name.startswith(prefix) and o.description and not o.deleted
-        ]
+        return [SnapshotInfo.from_json(o.description) for o in await self._objects(self._snapshots) if o.description]
 
     async def fetch_snapshot(self, host: str, path: Path) -> None:
         """Writes `host`'s stored snapshot to `path` (its SHA-256 checked by the object store)."""
@@ -395,6 +462,7 @@ class InputLog:
     async def delete(self) -> None:
         """Removes the log and every entry in it (a benchmark's scratch log; never a cluster's own)."""
         await self._js.delete_stream(self.stream_name)
+        await self._drop_bodies([o.name for o in await self._objects(self._bodies)])
 
     async def close(self) -> None:
         if self._nc is not None:

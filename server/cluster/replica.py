@@ -33,7 +33,7 @@ from typing import Any
 from streamtx.errors import FAULTS, FailedPrecondition, StreamTxError, Unavailable
 from streamtx.server import log
 from streamtx.server.cluster.digest import differences, digest
-from streamtx.server.cluster.inputlog import Entry, Heard, InputLog
+from streamtx.server.cluster.inputlog import Entry, Heard, InputLog, LogGap
 from streamtx.server.cluster.snapshots import (
     TRIM_DECIDE_S,
     SnapshotInfo,
@@ -428,19 +428,15 @@ class StartingHost:
             self._task.cancel()
 
 
-class LogGap(Exception):
-    """The log skipped entries this host has not applied: it was trimmed past this host's position."""
-
-
 def _fitting(request: pb.PushRequest, limit: int) -> list[pb.PushRequest]:
     """`request` as messages of at most `limit` bytes, split between its batches (halves, recursively); a
-    single batch too large, or rows not in Arrow, stay whole (and are refused as too large)."""
+    single batch too large, or rows not in Arrow, stay whole (their entry's body goes beside the log)."""
     sizes = list(request.batch_rows)
     if request.ByteSize() <= limit or len(sizes) < 2 or request.data.WhichOneof("format") != "arrow_ipc":
         return [request]
     try:
         table = ipc_to_table(request.data.arrow_ipc)
-    except StreamTxError:  # malformed: goes whole (and is refused as too large), nothing taken
+    except StreamTxError:  # malformed: goes whole, and is refused when read
         return [request]
     half = len(sizes) // 2
     first_rows = sum(sizes[:half])

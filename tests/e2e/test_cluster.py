@@ -299,8 +299,10 @@ def test_a_host_refuses_a_log_made_anew_since_it_last_ran(tmp_path: Path) -> Non
             start_host(tmp_path, "a", nats, partitions=1)
 
 
-def test_a_push_message_larger_than_a_nats_message_goes_as_several_entries(tmp_path: Path) -> None:
-    """NATS takes 1 MB a message by default; a packed message of 8 batches, 1.3 MB of rows, is split between them."""
+def test_pushes_larger_than_a_nats_message_go_as_several_entries_or_beside_the_log(tmp_path: Path) -> None:
+    """NATS takes 1 MB a message by default; a packed message of 8 batches, 1.3 MB of rows, is split between them;
+    a single batch of 1.3 MB goes beside the log (its body in an object store, its entry naming it), and the
+    trim that drops its entry deletes it."""
     with NatsCluster(tmp_path / "nats", 1) as nats:
         a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
         try:
@@ -316,7 +318,32 @@ def test_a_push_message_larger_than_a_nats_message_goes_as_several_entries(tmp_p
             assert sum(max(ack.count, 1) for ack in acks) == 8 and {ack.outcome for ack in acks} == {pb.COMMITTED}
             assert [ack.batch_id for ack in acks][0] == 1
             wait_for([a, b], expected(set(range(1, 80_001))), timeout=60)
-            assert cluster(nats, "status")["log"]["entries"] >= 3  # the deploy and at least two parts
+            status = cluster(nats, "status")
+            assert status["log"]["entries"] >= 3 and status["log"]["beside"]["bodies"] == 0  # deploy, 2+ parts
+
+            keys = pa.array(range(80_001, 160_001), pa.int64())
+            one = pb.PushRequest(
+                stream="s", producer_id="big", batch_id=9, data=encode_rowdata(pa.table({"k": keys, "v": keys}))
+            )
+            assert one.ByteSize() > 1_048_576
+            assert [ack.outcome for ack in a.stub.PushStream(iter([one]))] == [pb.COMMITTED]
+            again = [ack.outcome for ack in b.stub.PushStream(iter([one]))]  # re-sent to the other host
+            assert again == [pb.DUPLICATE]
+            deadline = time.monotonic() + 60
+            while any(len(tables(h.target)[1]) < 160_000 for h in (a, b)):
+                assert time.monotonic() < deadline, "the large batch did not reach both hosts"
+                time.sleep(0.2)
+            assert tables(a.target) == tables(b.target)
+            beside = cluster(nats, "status")["log"]["beside"]
+            assert beside["bodies"] == 2 and beside["bytes"] > 2 * 1_048_576  # the batch, and its re-sent copy
+            time.sleep(1.5)  # each host has said how far it applied the log
+
+            deadline = time.monotonic() + 60
+            while cluster(nats, "status")["log"]["beside"]["bodies"]:
+                with Client(a.target) as c:
+                    c.checkpoint()
+                time.sleep(1.0)
+                assert time.monotonic() < deadline, "trimming the log left its bodies beside it"
         finally:
             a.close()
             b.close()
