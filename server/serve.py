@@ -37,6 +37,11 @@ if TYPE_CHECKING:
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["StreamTx"].full_name
 
 
+class Behind(Exception):
+    """A cluster host found the log trimmed past what it applied: it stopped, and starts again from the newest
+    snapshot (`streamtx serve` runs itself anew)."""
+
+
 class Server:
     """A running streamtx server (front + partitions), for the CLI and tests."""
 
@@ -214,6 +219,8 @@ class Server:
         log.event("shutdown", "shutting down")
         await self.stop()
         failure = self.front.supervisor.failure or (self.replica.failure if self.replica is not None else None)
+        if self.replica is not None and self.replica.behind:
+            raise Behind(failure or "behind the cluster log")
         if failure is not None:
             raise SystemExit(f"streamtx: stopped: {failure}")
 

@@ -1030,9 +1030,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     # the workers start importing while this process imports the front; in cluster mode the host may have to
     # install a snapshot first (server/cluster/snapshots.py), so they start later
     launched = launch(config) if config.cluster is None else None
-    from streamtx.server.serve import serve
+    from streamtx.server.serve import Behind, serve
 
-    serve(config, launched)
+    try:
+        serve(config, launched)
+    except Behind as e:
+        # everything is stopped and the data directory unlocked: the same command again installs a snapshot
+        print(f"streamtx: {e}; starting again", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "streamtx", *sys.argv[1:]])
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_OK)  # everything is stopped and closed; skips ≈ 0.2 s of interpreter teardown

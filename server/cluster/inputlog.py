@@ -333,7 +333,7 @@ class InputLog:
             except NotFoundError:
                 raise LogGap(
                     f"the body of cluster log entry {seq} ({name}) is gone: the log was trimmed past it while this "
-                    "host was not heard from; restart it: it then installs the newest snapshot"
+                    "host was not heard from; it starts again from the newest snapshot"
                 ) from None
             except Exception as e:
                 log.event("cluster_body_failed", f"reading the body of entry {seq}: {e}", level="warning")

@@ -84,6 +84,7 @@ class Replica:
         self._sharing: asyncio.Task | None = None
         self._shared = 0  # the position of the last snapshot this host shared
         self.failure: str | None = None  # why this host cannot go on with the log
+        self.behind = False  # the log was trimmed past it: it can go on only from a snapshot
         self.heard = Heard()  # fed by `InputLog.hear_hosts`, run beside `run`
         self.on_fatal: Callable[[], None] = lambda: None
         inputlog.on_disconnect.append(self._appends_lost)
@@ -173,9 +174,7 @@ class Replica:
             except asyncio.CancelledError:
                 raise
             except LogGap as e:
-                self.failure = str(e)
-                log.event("cluster_log_gap", self.failure, level="error")
-                self.on_fatal()
+                self._fall_behind(str(e))
                 return
             except Exception as e:  # the connection to NATS, which reconnects by itself
                 log.event("cluster_read_failed", f"reading the cluster log failed: {e}", level="warning")
@@ -200,7 +199,7 @@ class Replica:
         if entry.seq > self.read + 1:
             raise LogGap(
                 f"the cluster log no longer holds entries {self.read + 1} to {entry.seq - 1} (trimmed while this "
-                "host was not heard from); restart it: it then installs the newest snapshot"
+                "host was not heard from); it starts again from the newest snapshot"
             )
         self.read = entry.seq
         self.front.sequencer.skip_to(entry.seq << TS_SHIFT)
@@ -370,7 +369,8 @@ class Replica:
             log.event("cluster_trim_failed", f"trimming the cluster log up to {position}: {e}", level="warning")
 
     async def keep_position(self, address: str) -> None:
-        """Saves the position and tells the cluster (`streamtx cluster status`) where this host is."""
+        """Saves the position and tells the cluster (`streamtx cluster status`) where this host is; and finds out
+        when the log was trimmed past it, even if no entry comes to show the gap."""
         announced = 0.0
         while True:
             await asyncio.sleep(SAVE_EVERY)
@@ -379,8 +379,24 @@ class Replica:
                 announced = time.monotonic()
                 try:
                     await self.log.announce(self.host, self.record(address))
+                    first = await self.log.first()
                 except Exception as e:  # NATS away: the log reader says so too
                     log.event("cluster_announce_failed", f"cannot announce host {self.host}: {e}", level="warning")
+                    continue
+                if first > self.read + 1:  # a live host's position holds trimming back: this one was not live
+                    self._fall_behind(
+                        f"the cluster log starts at {first}: entries {self.read + 1} to {first - 1}, not applied "
+                        "here, were trimmed while this host was not heard from; it starts again from the newest "
+                        "snapshot"
+                    )
+                    return
+
+    def _fall_behind(self, why: str) -> None:
+        if self.behind:
+            return
+        self.failure, self.behind = why, True
+        log.event("cluster_log_gap", why, level="error")
+        self.on_fatal()
 
     def record(self, address: str) -> dict[str, Any]:
         return {

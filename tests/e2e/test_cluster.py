@@ -418,6 +418,52 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
                 h.close()
 
 
+def test_a_host_paused_while_the_log_is_trimmed_past_it_starts_again_from_a_snapshot(tmp_path: Path) -> None:
+    """Host b is stopped (SIGSTOP) for longer than hosts count as live, while host a takes more than the NATS
+    connection buffers for b and trims the log past b's position. Resumed, b finds entries missing, stops,
+    and runs itself anew (same process id): it installs a's snapshot and catches up."""
+    import signal
+
+    padded = SCRIPT + "CREATE STREAM pad (k BIGINT, blob VARCHAR);"
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(padded)
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, 101)} == {"committed"}
+            wait_for([a, b], expected(set(range(1, 101))))
+            time.sleep(1.5)  # b has said how far it applied the log
+            applied_b = next(h["applied"] for h in cluster(nats, "status")["hosts"] if h["host"] == "b")
+            port_b = (b.data_dir / "port").read_text()
+
+            os.kill(b.proc.pid, signal.SIGSTOP)
+            blob = pa.table({"k": pa.array(range(900), pa.int64()), "blob": pa.array(["x" * 1000] * 900)})
+            with Client(a.target, producer_id="pad") as c:  # ~16 MB: more than b's connection holds unread
+                assert {c.push("pad", blob, batch_id=i).result().outcome for i in range(1, 19)} == {"committed"}
+            with Client(a.target, producer_id="p") as c:
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(101, 201)} == {"committed"}
+            deadline = time.monotonic() + 90
+            while cluster(nats, "status")["log"]["first"] <= applied_b + 1:
+                with Client(a.target) as c:  # b no longer counts as live after 10 s: the log is trimmed past it
+                    c.checkpoint()
+                time.sleep(1.0)
+                assert time.monotonic() < deadline, "the log was not trimmed past b"
+            os.kill(b.proc.pid, signal.SIGCONT)
+
+            deadline = time.monotonic() + 90
+            while "installed host a's snapshot" not in b.stderr() or (b.data_dir / "port").read_text() in ("", port_b):
+                assert b.proc.poll() is None, b.stderr()
+                assert time.monotonic() < deadline, f"b did not start again: {b.stderr()} {cluster(nats, 'status')}"
+                time.sleep(0.2)
+            assert "starts again from the newest snapshot" in b.stderr()
+            b.target = f"127.0.0.1:{(b.data_dir / 'port').read_text().strip()}"
+            wait_for([a, b], expected(set(range(1, 201))))
+            assert tables(a.target) == tables(b.target)
+        finally:
+            a.close()
+            b.close()
+
+
 def test_a_call_runs_once_on_a_host_that_dies_around_it(tmp_path: Path) -> None:
     """A call has no dedup mark. A host killed just after running one has saved its position past it already
     (not within SAVE_EVERY); and at the worst moment, the call committed and the position past it not saved, its
