@@ -37,6 +37,7 @@ from streamtx.server.cluster.inputlog import Entry, Heard, InputLog, LogGap
 from streamtx.server.cluster.snapshots import (
     TRIM_DECIDE_S,
     SnapshotInfo,
+    newest_of,
     pack,
     save_position,
     saved_call,
@@ -82,7 +83,8 @@ class Replica:
         self._fault: BaseException | None = None
         self._checking: set[asyncio.Task] = set()
         self._sharing: asyncio.Task | None = None
-        self._shared = 0  # the position of the last snapshot this host shared
+        self._covered = 0  # the position of the newest snapshot known to hold what this host applied up to it
+        self._cut = 0  # the position of this host's last checkpoint cut
         self.failure: str | None = None  # why this host cannot go on with the log
         self.behind = False  # the log was trimmed past it: it can go on only from a snapshot
         self.heard = Heard()  # fed by `InputLog.hear_hosts`, run beside `run`
@@ -317,17 +319,31 @@ class Replica:
     # ---------------------------------------------------------------- snapshots
     def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:
         """At a checkpoint's cut, between two entries: once written, share it and trim the log (one share at a
-        time; a checkpoint cut while one is shared, or holding no entry past the one shared last, is not)."""
+        time; a checkpoint cut while one is shared, or holding no entry past the newest snapshot, is not)."""
         if self._sharing is None or self._sharing.done():
-            if self.read > self._shared:
-                self._sharing = asyncio.get_running_loop().create_task(self._share(ts, self.read, written))
-            elif self._shared:  # nothing new to share: the last trim may have been skipped
-                self._sharing = asyncio.get_running_loop().create_task(self._trim(self._shared))
+            before, self._cut = self._cut, self.read
+            if self.read > self._covered:
+                self._sharing = asyncio.get_running_loop().create_task(self._share(ts, self.read, written, before))
+            elif self._covered:  # nothing new to share: the last trim may have been skipped
+                self._sharing = asyncio.get_running_loop().create_task(self._trim(self._covered))
 
-    async def _share(self, ts: int, position: int, written: asyncio.Future[bool]) -> None:
+    async def _share(self, ts: int, position: int, written: asyncio.Future[bool], before: int) -> None:
         """`position`: the last entry admitted at the cut. After a restart it is not `ts >> TS_SHIFT`: an entry
-        past the saved position may be in the state only in part, until it is run again."""
+        past the saved position may be in the state only in part, until it is run again.
+
+        One copy of the state in NATS is enough: if another host shared a snapshot since this host's previous
+        cut (`before`), this one is not shared, and the log is trimmed below that one."""
         partitions = len(self.front.partitions)
+        try:
+            newest = newest_of(await self.log.snapshots(), self.log.created)
+        except Exception:  # NATS away: sharing fails too, and is tried again at the next checkpoint
+            newest = None
+        if newest is not None and newest.host != self.host and newest.partitions == partitions:
+            if newest.position > before:
+                self._covered = max(self._covered, min(newest.position, self.applied))
+                self.front.counters["cluster_snapshots_left_to_others"] += 1
+                await self._trim(newest.position)
+                return
         if not await written:
             return
         try:
@@ -337,7 +353,7 @@ class Replica:
         try:
             info = SnapshotInfo(self.host, position, ts, partitions, self.log.created, time.time(), path.stat().st_size)
             await self.log.put_snapshot(info, path)
-            self._shared = position
+            self._covered = position
             self.front.counters["cluster_snapshots"] += 1
             log.event(
                 "cluster_snapshot_shared",

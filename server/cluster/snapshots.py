@@ -209,9 +209,13 @@ async def catch_up(
     return applied
 
 
+def newest_of(infos: list[SnapshotInfo], log_created: str) -> SnapshotInfo | None:
+    """The snapshot holding the most of the log created at `log_created` (none of another log counts)."""
+    return max((i for i in infos if i.log_created == log_created), key=lambda i: i.position, default=None)
+
+
 async def _install_newest(inputlog: Any, data_dir: Path, host: str, partitions: int, applied: int, first: int) -> int:
-    infos = [i for i in await inputlog.snapshots() if i.log_created == inputlog.created]
-    newest = max(infos, key=lambda i: i.position, default=None)
+    newest = newest_of(await inputlog.snapshots(), inputlog.created)
     if newest is None or newest.position + 1 < first:
         raise FailedPrecondition(
             f"--cluster: this host applied the log {inputlog.stream_name} to position {applied}, the log starts "

@@ -418,6 +418,54 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
                 h.close()
 
 
+def test_a_host_leaves_sharing_to_another_that_shared_since_its_last_checkpoint(tmp_path: Path) -> None:
+    """One copy of the state in NATS is enough: a checkpoint is shared only if no other host shared one since
+    this host's previous checkpoint; the log is trimmed below the other's then."""
+
+    def counters(h: Launched) -> tuple[int, int]:
+        with Client(h.target) as c:
+            got = c.status()["counters"]
+        return got.get("cluster_snapshots", 0), got.get("cluster_snapshots_left_to_others", 0)
+
+    def push(ks: range) -> None:
+        with Client(a.target, producer_id="p") as c:
+            assert {c.push("s", batch(k), batch_id=k).result().outcome for k in ks} == {"committed"}
+        wait_for([a, b], expected(set(range(1, ks.stop))))
+
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats, partitions=1), start_host(tmp_path, "b", nats, partitions=1)
+        try:
+            with Client(a.target) as c:
+                c.deploy(SCRIPT)
+            push(range(1, 51))
+            time.sleep(1.5)  # each host has said how far it applied the log
+            deadline = time.monotonic() + 30
+            with Client(a.target) as c:
+                c.checkpoint()
+            while counters(a) != (1, 0):
+                assert time.monotonic() < deadline, counters(a)
+                time.sleep(0.2)
+            with Client(b.target) as c:
+                c.checkpoint()
+            while counters(b) != (0, 1):
+                assert time.monotonic() < deadline, (counters(a), counters(b))
+                time.sleep(0.2)
+            status = cluster(nats, "status")
+            assert [s["host"] for s in status["snapshots"]] == ["a"]
+            assert status["log"]["first"] > 1  # trimmed below a's snapshot
+
+            push(range(51, 101))  # a shares nothing since b's last checkpoint: b's next one is shared
+            with Client(b.target) as c:
+                c.checkpoint()
+            while counters(b) != (1, 1):
+                assert time.monotonic() < deadline, counters(b)
+                time.sleep(0.2)
+            assert [s["host"] for s in cluster(nats, "status")["snapshots"]] == ["a", "b"]
+        finally:
+            a.close()
+            b.close()
+
+
 def test_a_host_paused_while_the_log_is_trimmed_past_it_starts_again_from_a_snapshot(tmp_path: Path) -> None:
     """Host b is stopped (SIGSTOP) for longer than hosts count as live, while host a takes more than the NATS
     connection buffers for b and trims the log past b's position. Resumed, b finds entries missing, stops,
