@@ -38,7 +38,7 @@ from streamtx.errors import FailedPrecondition, Unavailable
 from streamtx.server import log
 from streamtx.server.cluster.snapshots import SnapshotInfo
 
-KINDS = ("push", "call", "deploy", "verify")
+KINDS = ("push", "call", "deploy", "verify", "migrate")
 RECONNECT_WAIT = 30.0
 """Seconds an append waits for the log to be writable again (NATS reconnected, a leader elected) before its
 request is UNAVAILABLE."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import json
 import secrets
 import socket
 import threading
@@ -45,6 +46,7 @@ from streamtx.server.cluster.snapshots import (
     trim_point,
 )
 from streamtx.server.front.gate import forward
+from streamtx.server.partitioning import PartitionMap
 from streamtx.v1 import streamtx_pb2 as pb
 from streamtx.wire import encode_rowdata, ipc_to_table
 
@@ -91,6 +93,7 @@ class Replica:
         self.on_fatal: Callable[[], None] = lambda: None
         inputlog.on_disconnect.append(self._appends_lost)
         self.front.on_checkpoint.append(self._checkpointed)
+        self.front.rebalancer.stepper = self.submit_step
 
     # ------------------------------------------------------------ requests
     async def submit(self, kind: str, request: Any) -> asyncio.Future:
@@ -124,6 +127,12 @@ class Replica:
             return [ack for acks in await asyncio.gather(*answers) for ack in acks]
 
         return asyncio.ensure_future(joined())
+
+    async def submit_step(self, before: PartitionMap, new: PartitionMap) -> tuple[int, int, float]:
+        """A migration step through the log: every host moves the same bins at the same position. Returns, once
+        this host ran it, the rows it moved, its timestamp and how long it held the commands behind it."""
+        body = json.dumps({"from": before.to_json(), "to": new.to_json()}).encode()
+        return await (await self._submit("migrate", body))
 
     def _refused(self, origin: str, taken: asyncio.Future) -> None:
         error = None if taken.cancelled() else taken.exception()
@@ -211,6 +220,10 @@ class Replica:
             await self._drain()
             outcome = asyncio.ensure_future(self._verify(entry.seq))
             await asyncio.wait([outcome])
+        elif entry.kind == "migrate":
+            await self._drain()  # it runs alone, at the same timestamp everywhere
+            outcome = asyncio.ensure_future(self._step(entry.seq, entry.body))
+            await asyncio.wait([outcome])
         elif entry.kind in ("call", "deploy"):
             await self._drain()  # every entry before it has its outcome: it runs alone, at the same point everywhere
             if entry.kind == "call" and self._fault is None:  # nothing deduplicates a call: say it runs
@@ -236,6 +249,22 @@ class Replica:
             forward(outcome, answer)
         if len(self._started) > MAX_OUTSTANDING:
             await asyncio.wait([self._started[0][1]])
+
+    async def _step(self, seq: int, body: bytes) -> tuple[int, int, float]:
+        """A migration step at the entry's position. Read again after a restart, it ran before iff the recovered
+        state reaches the entry's timestamps (a step is kept by recovery only if it finished on every partition,
+        and the entries after it ran only once it had): then it does not run twice. A step planned on another
+        map than the one it finds (another migration's step came first) changes nothing, on every host alike."""
+        step = json.loads(body)
+        before, new = PartitionMap.from_json(step["from"]), PartitionMap.from_json(step["to"])
+        if self.front.recovered_ts >= seq << TS_SHIFT:
+            return 0, 0, 0.0
+        if self.front.map != before:
+            raise FailedPrecondition(
+                f"rebalance: cluster log entry {seq}: the partition map changed since this step was planned (another "
+                "migration's step came first); run the rebalance again"
+            )
+        return await self.front.rebalancer.step(new)
 
     async def _verify(self, seq: int) -> dict[str, Any]:
         """This host's state digest at a `verify` entry, put where every host and `cluster verify` read it."""

@@ -45,7 +45,7 @@ import asyncio
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -255,6 +255,8 @@ class Rebalancer:
         self.data_dir = Path(config.data_dir)
         self.durable = config.durability != "off"
         self.running: Progress | None = None  # the migration in flight (Status shows it)
+        self.stepper: Callable[[PartitionMap, PartitionMap], Awaitable[tuple[int, int, float]]] | None = None
+        """In cluster mode, how a step runs: through the log, on every host (cluster/replica.py); else `step`."""
         self.interrupted: Intent | None = None  # the one that stopped before its target (Status shows it)
         self._lock = asyncio.Lock()
 
@@ -323,6 +325,11 @@ class Rebalancer:
         reason = unmovable(self.front.catalog)
         if reason is not None and steps:
             raise FailedPrecondition(f"rebalance: {reason}")
+        if self.stepper is not None and (grow or shrink):
+            raise FailedPrecondition(
+                f"rebalance: partitions {intent.partitions}: a cluster's hosts keep the partition count they were "
+                "started with; move bins between the partitions they have"
+            )
         if self._lock.locked():
             raise FailedPrecondition("rebalance: a migration is running already; wait for it to end")
         async with self._lock:
@@ -339,6 +346,8 @@ class Rebalancer:
                     before = self.front.map
                     if isinstance(new, int):
                         done = await (self.grow(new) if new > before.partitions else self.shrink(new))
+                    elif self.stepper is not None:
+                        done = await self.stepper(before, before.moved(new.owner))
                     else:
                         done = await self.step(before.moved(new.owner))
                     rows, ts, progress.step_seconds = done

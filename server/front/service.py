@@ -397,12 +397,6 @@ class StreamTxService(pb_grpc.StreamTxServicer):
     ) -> AsyncIterator[pb.RebalanceProgress]:
         """A migration's progress as it runs; the request's mistakes are INVALID_ARGUMENT before any step."""
         front = self.front
-        if self.replica is not None:
-            await context.abort(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                "rebalance: not available in cluster mode yet: every host runs every partition, and bins move "
-                "between partitions of one host only on a standalone server",
-            )
         moves = [BinMove(m.first_bin, m.last_bin, m.partition) for m in request.moves]
         steps = front.rebalancer.run(
             moves,

@@ -466,6 +466,72 @@ def test_a_host_leaves_sharing_to_another_that_shared_since_its_last_checkpoint(
             b.close()
 
 
+def test_bins_move_on_every_host_at_the_same_log_position_while_batches_flow(tmp_path: Path) -> None:
+    """A rebalance sent to one host runs each step through the log: every host moves the same bins at the same
+    position, between the same batches, so the hosts' maps and tables stay equal. Bins moved and moved back, a
+    host that reads the steps again after a crash (its saved position from before them, as a crash can leave it)
+    finds the map as it was before the first one, yet runs none of them twice: its recovered state says it ran
+    them."""
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = start_host(tmp_path, "a", nats), start_host(tmp_path, "b", nats)
+        hosts = [a, b]
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, 101)} == {"committed"}
+            wait_for(hosts, expected(set(range(1, 101))))
+            time.sleep(1.0)  # b has saved its position
+            before = json.loads((b.data_dir / "cluster.json").read_text())
+            acked: set[int] = set(range(1, 101))
+            stop = threading.Event()
+
+            def produce() -> None:
+                with Client(a.target, producer_id="p") as c:
+                    k = 100
+                    while not stop.is_set() or k < 500:
+                        k += 1
+                        assert c.push("s", batch(k), batch_id=k).result(timeout=60).outcome == "committed"
+                        acked.add(k)
+
+            producer = threading.Thread(target=produce)
+            producer.start()
+            with Client(b.target) as c:  # sent to b: the steps go through the log to a as well
+                there = list(c.rebalance([(0, 511, 1)], strategy="batched", bins_per_step=64))
+                back = list(c.rebalance([(k, k, 0) for k in range(0, 512, 2)], strategy="fluid"))
+            assert (there[-1]["bins_moved"], there[-1]["steps"], back[-1]["steps"]) == (256, 4, 256)
+            assert there[-1]["rows_moved"] > 0
+            stop.set()
+            producer.join(120)
+            wait_for(hosts, expected(acked))
+
+            def migrations(h: Launched) -> list[int]:
+                with Client(h.target) as c:
+                    got = c.status()["counters"]
+                return [got.get(f"partition{i}.migrations", 0) for i in (0, 1)]
+
+            assert migrations(b) == [260, 260]  # each step committed on both partitions
+            b.proc.kill()
+            b.proc.wait()
+            (b.data_dir / "cluster.json").write_text(json.dumps(before))
+            b = hosts[1] = start_host(tmp_path, "b", nats)
+            time.sleep(2.0)  # b reads the 260 steps and the batches again
+            wait_for(hosts, expected(acked))
+            shapes = []
+            for h in hosts:
+                with Client(h.target) as c:
+                    shapes.append(c.status()["bins_per_partition"])
+            assert shapes == [[512, 512], [512, 512]]
+            assert tables(a.target) == tables(b.target)
+            assert migrations(b) == [0, 0]  # read again after the restart, and run once: before it
+            verified = cluster(nats, "verify")
+            assert not verified["differences"] and set(verified["hosts"]) == {"a", "b"}
+            with Client(a.target) as c, pytest.raises(errors.FailedPrecondition, match="partition count"):
+                list(c.rebalance(partitions=1))
+        finally:
+            for h in hosts:
+                h.close()
+
+
 def test_a_host_paused_while_the_log_is_trimmed_past_it_starts_again_from_a_snapshot(tmp_path: Path) -> None:
     """Host b is stopped (SIGSTOP) for longer than hosts count as live, while host a takes more than the NATS
     connection buffers for b and trims the log past b's position. Resumed, b finds entries missing, stops,
