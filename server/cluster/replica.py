@@ -94,6 +94,7 @@ class Replica:
         inputlog.on_disconnect.append(self._appends_lost)
         self.front.on_checkpoint.append(self._checkpointed)
         self.front.rebalancer.stepper = self.submit_step
+        self.front.plans_migrations = self.plans
 
     # ------------------------------------------------------------ requests
     async def submit(self, kind: str, request: Any) -> asyncio.Future:
@@ -127,6 +128,14 @@ class Replica:
             return [ack for acks in await asyncio.gather(*answers) for ack in acks]
 
         return asyncio.ensure_future(joined())
+
+    def plans(self) -> bool:
+        """Whether this host plans the cluster's automatic migrations: the first by name of the hosts it has
+        heard lately. Every host measures the same load (it runs every entry); should two plan at once, as
+        they may while hosts come and go, the step planned on a map the other's changed is refused on every
+        host alike."""
+        live = self.heard.live()
+        return self.host in live and self.host == min(live)
 
     async def submit_step(self, before: PartitionMap, new: PartitionMap) -> tuple[int, int, float]:
         """A migration step through the log: every host moves the same bins at the same position. Returns, once

@@ -73,6 +73,8 @@ class Front:
         self.on_checkpoint: list[Callable[[int, asyncio.Future[bool]], None]] = []
         """Called at a checkpoint's cut with its timestamp and a future: True once every partition has written
         it, False if it failed."""
+        self.plans_migrations: Callable[[], bool] = lambda: True
+        """Whether this front plans automatic migrations (in cluster mode, one host does, for all)."""
         self._lock_file: Any = None
         self.parser = duckdb.connect(":memory:")  # parses and casts on the front; holds no data
         self.map = PartitionMap.round_robin(config.partitions, max(config.bins, config.partitions))
@@ -300,15 +302,18 @@ class Front:
 
     async def rebalance_automatically(self) -> None:
         """Every `--auto-rebalance` seconds: the window's keys per bin, and the migration they call for
-        (front/balance.py), run batched unless a migration is running, interrupted, or workers restart."""
+        (front/balance.py), run batched unless a migration is running, interrupted, or workers restart, or
+        (in cluster mode) another host plans them."""
         every, load = self.config.auto_rebalance, self.bin_load
-        while every > 0 and load is not None and self.config.cluster is None:
+        while every > 0 and load is not None:
             await asyncio.sleep(every)
             window = load.take()
             current = self.map
             self.keys_per_partition = [int(k) for k in per_partition(current.owner, current.partitions, window)]
             rebalancer = self.rebalancer
             if rebalancer.running or rebalancer.interrupted or not self.supervisor.serving:
+                continue
+            if not self.plans_migrations():
                 continue
             if unmovable(self.catalog) is not None:  # refused anyway (Status and `rebalance` say why)
                 continue

@@ -530,6 +530,51 @@ def test_bins_move_on_every_host_at_the_same_log_position_while_batches_flow(tmp
                 h.close()
 
 
+def test_one_host_plans_automatic_migrations_for_the_cluster(tmp_path: Path) -> None:
+    """`--auto-rebalance` on every host: all measure the same load (they run the same entries), the first by
+    name plans, and its steps run on every host through the log."""
+    from streamtx.server.partitioning import PartitionMap
+
+    owners = PartitionMap.round_robin(2, 1024).owners(pa.array(range(1, 200_001), pa.int64()))
+    hot = [k for k, owner in zip(range(1, 200_001), owners.tolist(), strict=True) if owner == 0]  # partition 0's
+    with NatsCluster(tmp_path / "nats", 1) as nats:
+        a, b = (start_host(tmp_path, h, nats, 1, 2, "--auto-rebalance", "0.5") for h in "ab")
+        try:
+            with Client(a.target, producer_id="p") as c:
+                c.deploy(SCRIPT)
+                sent, batch_id = 0, 0
+
+                def counters(h: Launched) -> dict:
+                    with Client(h.target) as hc:
+                        return hc.status()["counters"]
+
+                deadline = time.monotonic() + 120
+                while not counters(a).get("auto_rebalances"):
+                    assert time.monotonic() < deadline, counters(a)
+                    futures = []
+                    for _ in range(20):
+                        keys = hot[sent : sent + 50]
+                        sent += 50
+                        batch_id += 1
+                        rows = {"k": keys, "v": [k % 5 for k in keys]}
+                        futures.append(c.push("s", rows, batch_id=batch_id))
+                    assert {f.result(timeout=60).outcome for f in futures} == {"committed"}
+            wait_for([a, b], expected(set(hot[:sent])))
+            time.sleep(1.5)  # the migration's steps are through
+            shapes = []
+            for h in (a, b):
+                with Client(h.target) as hc:
+                    status = hc.status()
+                shapes.append((status["bin_owner"], status["rebalancing"].get("steps", 0)))
+            assert shapes[0] == shapes[1] and shapes[0][1] == 0
+            assert sum(shapes[0][0]) > 512  # partition 0 gave bins to partition 1
+            assert counters(b).get("auto_rebalances", 0) == 0  # b heard a: a plans
+            assert tables(a.target) == tables(b.target)
+        finally:
+            a.close()
+            b.close()
+
+
 def test_a_host_paused_while_the_log_is_trimmed_past_it_starts_again_from_a_snapshot(tmp_path: Path) -> None:
     """Host b is stopped (SIGSTOP) for longer than hosts count as live, while host a takes more than the NATS
     connection buffers for b and trims the log past b's position. Resumed, b finds entries missing, stops,
