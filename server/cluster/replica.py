@@ -137,10 +137,12 @@ class Replica:
         live = self.heard.live()
         return self.host in live and self.host == min(live)
 
-    async def submit_step(self, before: PartitionMap, new: PartitionMap) -> tuple[int, int, float]:
-        """A migration step through the log: every host moves the same bins at the same position. Returns, once
-        this host ran it, the rows it moved, its timestamp and how long it held the commands behind it."""
-        body = json.dumps({"from": before.to_json(), "to": new.to_json()}).encode()
+    async def submit_step(self, before: PartitionMap, change: PartitionMap | int) -> tuple[int, int, float]:
+        """A migration step through the log: every host moves the same bins (or grows or shrinks to the same
+        partition count) at the same position. Returns, once this host ran it, the rows it moved, its timestamp
+        and how long it held the commands behind it."""
+        to = {"partitions": change} if isinstance(change, int) else {"to": change.to_json()}
+        body = json.dumps({"from": before.to_json(), **to}).encode()
         return await (await self._submit("migrate", body))
 
     def _refused(self, origin: str, taken: asyncio.Future) -> None:
@@ -265,7 +267,8 @@ class Replica:
         and the entries after it ran only once it had): then it does not run twice. A step planned on another
         map than the one it finds (another migration's step came first) changes nothing, on every host alike."""
         step = json.loads(body)
-        before, new = PartitionMap.from_json(step["from"]), PartitionMap.from_json(step["to"])
+        before = PartitionMap.from_json(step["from"])
+        change = step["partitions"] if "partitions" in step else PartitionMap.from_json(step["to"])
         if self.front.recovered_ts >= seq << TS_SHIFT:
             return 0, 0, 0.0
         if self.front.map != before:
@@ -273,7 +276,7 @@ class Replica:
                 f"rebalance: cluster log entry {seq}: the partition map changed since this step was planned (another "
                 "migration's step came first); run the rebalance again"
             )
-        return await self.front.rebalancer.step(new)
+        return await self.front.rebalancer.resize_or_step(change)
 
     async def _verify(self, seq: int) -> dict[str, Any]:
         """This host's state digest at a `verify` entry, put where every host and `cluster verify` read it."""

@@ -255,7 +255,7 @@ class Rebalancer:
         self.data_dir = Path(config.data_dir)
         self.durable = config.durability != "off"
         self.running: Progress | None = None  # the migration in flight (Status shows it)
-        self.stepper: Callable[[PartitionMap, PartitionMap], Awaitable[tuple[int, int, float]]] | None = None
+        self.stepper: Callable[[PartitionMap, PartitionMap | int], Awaitable[tuple[int, int, float]]] | None = None
         """In cluster mode, how a step runs: through the log, on every host (cluster/replica.py); else `step`."""
         self.interrupted: Intent | None = None  # the one that stopped before its target (Status shows it)
         self._lock = asyncio.Lock()
@@ -325,11 +325,6 @@ class Rebalancer:
         reason = unmovable(self.front.catalog)
         if reason is not None and steps:
             raise FailedPrecondition(f"rebalance: {reason}")
-        if self.stepper is not None and (grow or shrink):
-            raise FailedPrecondition(
-                f"rebalance: partitions {intent.partitions}: a cluster's hosts keep the partition count they were "
-                "started with; move bins between the partitions they have"
-            )
         if self._lock.locked():
             raise FailedPrecondition("rebalance: a migration is running already; wait for it to end")
         async with self._lock:
@@ -344,12 +339,11 @@ class Rebalancer:
                 yield progress
                 for i, new in enumerate(steps):
                     before = self.front.map
-                    if isinstance(new, int):
-                        done = await (self.grow(new) if new > before.partitions else self.shrink(new))
-                    elif self.stepper is not None:
-                        done = await self.stepper(before, before.moved(new.owner))
+                    change = new if isinstance(new, int) else before.moved(new.owner)
+                    if self.stepper is not None:
+                        done = await self.stepper(before, change)
                     else:
-                        done = await self.step(before.moved(new.owner))
+                        done = await self.resize_or_step(change)
                     rows, ts, progress.step_seconds = done
                     if i + 1 < len(steps):  # what queued behind the step runs before the next one
                         await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))
@@ -365,6 +359,12 @@ class Rebalancer:
                 self.running = None
                 if not finished:
                     self.interrupted = intent
+
+    async def resize_or_step(self, change: PartitionMap | int) -> tuple[int, int, float]:
+        """One step of a migration: to another partition count (`grow`, `shrink`), or to a new map (`step`)."""
+        if isinstance(change, int):
+            return await (self.grow(change) if change > self.front.map.partitions else self.shrink(change))
+        return await self.step(change)
 
     async def grow(self, partitions: int) -> tuple[int, int, float]:
         """Adds partitions up to `partitions`, owning no bin yet, in one step; returns `step`'s result.
