@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support.cluster import SCRIPT, batch, cluster, expected, start_host, tables, wait_for
+from support.cluster import SCRIPT, batch, cluster, deployed_pair, expected, start_host, tables, wait_for
 from support.processes import Launched
 
 from streamtx.client import Client
@@ -31,17 +31,13 @@ def shape(h: Launched) -> list[int]:
 def test_bins_move_on_every_host_at_the_same_log_position_while_batches_flow(tmp_path: Path) -> None:
     """A rebalance sent to one host runs each step through the log: every host moves the same bins at the same
     position, between the same batches, so the hosts' maps and tables stay equal; growing and shrinking the
-    partition count too. Bins moved and moved back, a
-    host that reads the steps again after a crash (its saved position from before them, as a crash can leave it)
-    finds the map as it was before the first one, yet runs none of them twice: its recovered state says it ran
-    them."""
+    partition count too. Bins moved and moved back, a host that reads the steps again after a crash (its saved
+    position from before them, as a crash can leave it) finds the map as it was before the first one, yet runs
+    none of them twice: its recovered state says it ran them."""
     with NatsCluster(tmp_path / "nats", 1) as nats:
-        a, b = start_host(tmp_path, "a", nats), start_host(tmp_path, "b", nats)
-        hosts = [a, b]
+        hosts = deployed_pair(tmp_path, nats, 100)
+        a, b = hosts
         try:
-            with Client(a.target, producer_id="p") as c:
-                c.deploy(SCRIPT)
-                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, 101)} == {"committed"}
             wait_for(hosts, expected(set(range(1, 101))))
             time.sleep(1.0)  # b has saved its position
             before = json.loads((b.data_dir / "cluster.json").read_text())

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from support.cluster import SCRIPT, batch, cluster, expected, start_host, tables, wait_for
+from support.cluster import SCRIPT, batch, cluster, deployed_pair, expected, start_host, tables, wait_for
 from support.processes import Launched
 
 from streamtx.client import Client
@@ -42,12 +42,9 @@ def test_a_host_behind_the_trimmed_log_starts_from_a_shared_snapshot(tmp_path: P
             assert time.monotonic() < deadline, f"the log was not trimmed past {position}: {status}"
 
     with NatsCluster(tmp_path / "nats", 1) as nats:
-        a, b = start_host(tmp_path, "a", nats), start_host(tmp_path, "b", nats)
-        hosts = [a, b]
+        hosts = deployed_pair(tmp_path, nats, 200)
+        a, b = hosts
         try:
-            with Client(a.target, producer_id="p") as c:
-                c.deploy(SCRIPT)
-                assert {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, 201)} == {"committed"}
             acked = set(range(1, 201))
             wait_for([a, b], expected(acked))
             time.sleep(1.5)  # each host has said how far it applied the log

@@ -87,3 +87,18 @@ def cluster(nats: NatsCluster, verb: str, returncode: int = 0) -> dict:
     )
     assert out.returncode == returncode, out.stderr
     return json.loads(out.stdout)
+
+
+def deployed_pair(root: Path, nats: NatsCluster, pushed: int) -> list[Launched]:
+    """Hosts a and b (2 partitions each) with SCRIPT deployed and batches 1..`pushed` of producer "p" committed."""
+    hosts = [start_host(root, "a", nats), start_host(root, "b", nats)]
+    try:
+        with Client(hosts[0].target, producer_id="p") as c:
+            c.deploy(SCRIPT)
+            outcomes = {c.push("s", batch(k), batch_id=k).result().outcome for k in range(1, pushed + 1)}
+        assert outcomes == {"committed"}
+    except BaseException:
+        for h in hosts:
+            h.close()
+        raise
+    return hosts
