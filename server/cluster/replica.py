@@ -10,11 +10,12 @@ entry at position `seq` takes its timestamps from `seq << TS_SHIFT` on.
 A host remembers how far it has applied the log (`POSITION_FILE`, written
 every `SAVE_EVERY` seconds, only up to entries whose outcomes are durable
 here). After a crash it recovers its partitions from its own command log and
-reads the log again from that position: what it had applied since is
-DUPLICATE, what its crash lost is taken anew. Each checkpoint is shared and
-the log trimmed below it (cluster/snapshots.py); a host that finds the log
-trimmed past its position while it runs stops (restarted, it installs the
-newest snapshot).
+reads the log again from that position: a push it had applied since is
+DUPLICATE, a call or migration step is skipped (its recovered state reaches
+the entry's timestamps), what its crash lost is taken anew. Each checkpoint
+is shared and the log trimmed below it (cluster/snapshots.py); a host that
+finds the log trimmed past its position while it runs stops and starts
+again from the newest snapshot.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ from streamtx.server.cluster.snapshots import (
     newest_of,
     pack,
     save_position,
-    saved_call,
     saved_position,
     trim_point,
 )
@@ -72,10 +72,8 @@ class Replica:
         self.host = host
         self.data_dir = Path(data_dir)
         self.applied = saved_position(self.data_dir, inputlog.stream_name, inputlog.created)
-        self._calling = saved_call(self.data_dir)  # (position, ts) of a call run past `applied`
-        self._saved: tuple[int, tuple[int, int] | None] = (self.applied, self._calling)  # as on disk
+        self._saved = self.applied  # as on disk
         self._saving = threading.Lock()
-        self._past_call()
         self.read = self.applied  # the last entry started
         self.started_at = time.time()
         self._incarnation = secrets.token_hex(4)
@@ -211,7 +209,6 @@ class Replica:
                 )
                 while not self.front.supervisor.serving:
                     await asyncio.sleep(0.1)
-                self._past_call()
                 self._fault = None
                 self.read = self.applied
 
@@ -231,16 +228,15 @@ class Replica:
             await self._drain()
             outcome = asyncio.ensure_future(self._verify(entry.seq))
             await asyncio.wait([outcome])
+        elif entry.kind in ("call", "migrate") and self._ran_before(entry.seq):
+            outcome = asyncio.get_running_loop().create_future()  # nothing deduplicates these: not run twice
+            outcome.set_result(None)
         elif entry.kind == "migrate":
             await self._drain()  # it runs alone, at the same timestamp everywhere
             outcome = asyncio.ensure_future(self._step(entry.seq, entry.body))
             await asyncio.wait([outcome])
         elif entry.kind in ("call", "deploy"):
             await self._drain()  # every entry before it has its outcome: it runs alone, at the same point everywhere
-            if entry.kind == "call" and self._fault is None:  # nothing deduplicates a call: say it runs
-                self._settle()
-                self._calling = (entry.seq, self.front.sequencer.last_ts + 1)
-                await asyncio.to_thread(self.save)
             request = (pb.CallRequest if entry.kind == "call" else pb.DeployRequest).FromString(entry.body)
             outcome = asyncio.ensure_future(self.service.run_logged(entry.kind, request))
             await asyncio.wait([outcome])
@@ -250,27 +246,25 @@ class Replica:
             log.event("cluster_entry_unknown", f"entry {entry.seq} of kind {entry.kind!r} skipped", level="error")
         self._started.append((entry.seq, outcome))
         outcome.add_done_callback(lambda _: self._settle())
-        if entry.kind == "call" and self._calling is not None:
-            self._settle()
-            if self._fault is None:  # else the fault's recovery tells whether it ran (`_past_call`)
-                self._calling = None
-            await asyncio.to_thread(self.save)
         answer = self._waiting.pop(entry.origin, None)
         if answer is not None:
             forward(outcome, answer)
         if len(self._started) > MAX_OUTSTANDING:
             await asyncio.wait([self._started[0][1]])
 
+    def _ran_before(self, seq: int) -> bool:
+        """Whether the entry at `seq`, read again after a restart or a worker's fault, ran here before: the
+        recovered state reaches its timestamps. A call or a migration step runs alone, and the entry after it
+        starts once it is durable; recovery keeps a coordinated one only if it finished on every partition.
+        Pushes need no such test: their dedup marks are part of the state."""
+        return self.front.recovered_ts >= seq << TS_SHIFT
+
     async def _step(self, seq: int, body: bytes) -> tuple[int, int, float]:
-        """A migration step at the entry's position. Read again after a restart, it ran before iff the recovered
-        state reaches the entry's timestamps (a step is kept by recovery only if it finished on every partition,
-        and the entries after it ran only once it had): then it does not run twice. A step planned on another
-        map than the one it finds (another migration's step came first) changes nothing, on every host alike."""
+        """A migration step at the entry's position. A step planned on another map than the one it finds
+        (another migration's step came first) changes nothing, on every host alike."""
         step = json.loads(body)
         before = PartitionMap.from_json(step["from"])
         change = step["partitions"] if "partitions" in step else PartitionMap.from_json(step["to"])
-        if self.front.recovered_ts >= seq << TS_SHIFT:
-            return 0, 0, 0.0
         if self.front.map != before:
             raise FailedPrecondition(
                 f"rebalance: cluster log entry {seq}: the partition map changed since this step was planned (another "
@@ -338,24 +332,13 @@ class Replica:
 
     # ---------------------------------------------------------------- position
     def save(self) -> None:
-        """Writes `applied` and a call being run (durably: a crash leaves the old or the new one); from any
-        thread."""
+        """Writes `applied` (durably: a crash leaves the old or the new one); from any thread."""
         with self._saving:
-            state = (self.applied, self._calling)
-            if state == self._saved:
+            applied = self.applied
+            if applied == self._saved:
                 return
-            save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, *state)
-            self._saved = state
-
-    def _past_call(self) -> None:
-        """After a recovery: a call that was running counts as applied if the recovered state reaches its
-        timestamp (its record was durable), else it runs again."""
-        if self._calling is not None:
-            position, ts = self._calling
-            if self.front.recovered_ts >= ts:
-                self.applied = max(self.applied, position)
-                self.front.counters["cluster_applied"] = self.applied
-            self._calling = None
+            save_position(self.data_dir, self.log.stream_name, self.log.created, self.host, applied)
+            self._saved = applied
 
     # ---------------------------------------------------------------- snapshots
     def _checkpointed(self, ts: int, written: asyncio.Future[bool]) -> None:

@@ -102,27 +102,10 @@ def saved_position(data_dir: Path, stream: str, created: str) -> int:
     return int(data["applied"])
 
 
-def save_position(
-    data_dir: Path, stream: str, created: str, host: str, applied: int, calling: tuple[int, int] | None = None
-) -> None:
-    """Writes how far this host has applied the log (a crash leaves the old or the new position).
-
-    `calling`: (position, timestamp) of a call being run past `applied`. Nothing deduplicates a call, so a host
-    that restarts with it saved runs it again only if its recovered state does not reach the call's timestamp.
-    """
+def save_position(data_dir: Path, stream: str, created: str, host: str, applied: int) -> None:
+    """Writes how far this host has applied the log (a crash leaves the old or the new position)."""
     record = {"log": stream, "created": created, "host": host, "applied": applied}
-    if calling is not None:
-        record["calling"] = {"position": calling[0], "ts": calling[1]}
     atomic_write(Path(data_dir) / POSITION_FILE, json.dumps(record))
-
-
-def saved_call(data_dir: Path) -> tuple[int, int] | None:
-    """(position, timestamp) of the call this host was running when its position was last saved, if any."""
-    try:
-        calling = json.loads((Path(data_dir) / POSITION_FILE).read_text()).get("calling")
-    except FileNotFoundError:
-        return None
-    return None if calling is None else (int(calling["position"]), int(calling["ts"]))
 
 
 # ------------------------------------------------------------------ packing

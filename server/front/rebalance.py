@@ -255,8 +255,11 @@ class Rebalancer:
         self.data_dir = Path(config.data_dir)
         self.durable = config.durability != "off"
         self.running: Progress | None = None  # the migration in flight (Status shows it)
-        self.stepper: Callable[[PartitionMap, PartitionMap | int], Awaitable[tuple[int, int, float]]] | None = None
-        """In cluster mode, how a step runs: through the log, on every host (cluster/replica.py); else `step`."""
+        self.stepper: Callable[[PartitionMap, PartitionMap | int], Awaitable[tuple[int, int, float]]] = (
+            lambda _before, change: self.resize_or_step(change)
+        )
+        """How a step from the map `before` runs: here; in cluster mode through the log, on every host
+        (cluster/replica.py)."""
         self.interrupted: Intent | None = None  # the one that stopped before its target (Status shows it)
         self._lock = asyncio.Lock()
 
@@ -340,10 +343,7 @@ class Rebalancer:
                 for i, new in enumerate(steps):
                     before = self.front.map
                     change = new if isinstance(new, int) else before.moved(new.owner)
-                    if self.stepper is not None:
-                        done = await self.stepper(before, change)
-                    else:
-                        done = await self.resize_or_step(change)
+                    done = await self.stepper(before, change)
                     rows, ts, progress.step_seconds = done
                     if i + 1 < len(steps):  # what queued behind the step runs before the next one
                         await asyncio.sleep(min(progress.step_seconds, MAX_PAUSE_S))

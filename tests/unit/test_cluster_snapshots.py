@@ -128,14 +128,3 @@ def test_a_host_that_finds_entries_missing_from_the_log_stops_instead_of_skippin
     replica.read = 5
     with pytest.raises(LogGap, match="no longer holds entries 6 to 6"):
         asyncio.run(replica._apply(Entry(7, "push", "", b"")))
-
-
-def test_a_call_being_run_is_saved_with_the_position_and_cleared_by_the_next_save(tmp_path: Path) -> None:
-    from streamtx.server.cluster.snapshots import save_position, saved_call
-
-    save_position(tmp_path, "STREAMTX_MAIN", "created-1", "a", 9, calling=(10, 10 << 20 | 1))
-    assert saved_position(tmp_path, "STREAMTX_MAIN", "created-1") == 9
-    assert saved_call(tmp_path) == (10, 10 << 20 | 1)
-    save_position(tmp_path, "STREAMTX_MAIN", "created-1", "a", 10)
-    assert saved_call(tmp_path) is None
-    assert saved_call(tmp_path / "elsewhere") is None
